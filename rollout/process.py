@@ -1,0 +1,184 @@
+"""Child processes the job starts: started, health-checked, logged and stopped by the job.
+
+Every server the job runs (vLLM engines, the router, the agent server) is a
+``ManagedProcess``: it runs in its own process group, writes stdout and stderr to a log
+file in the run folder, is sent SIGTERM by the kernel if its parent dies
+(``PR_SET_PDEATHSIG``), and ``stop()`` ends the whole group (SIGTERM, then SIGKILL after a
+grace period), so nothing is left behind (DESIGN.md, "Conventions").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import httpx
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ProcessStartError(RuntimeError):
+    """A managed process exited or did not become healthy in time.
+
+    The message names the process, the reason, its log file and the log's last lines.
+    """
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, n_lines: int = 30) -> str:
+    """The last ``n_lines`` of a text file ('' if it does not exist)."""
+    try:
+        with open(path, "r", errors="replace") as f:
+            return "".join(deque(f, maxlen=n_lines))
+    except FileNotFoundError:
+        return ""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: SIGTERM this process when the parent dies.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ManagedProcess:
+    """One long-running child process with a log file and an HTTP health check.
+
+    Args:
+        name: short name for messages and the log file (``engine-0``, ``router``).
+        argv: the command line.
+        log_path: file that receives the child's stdout and stderr (appended).
+        health_url: URL that answers 2xx once the process is ready, or None for no check.
+        env: extra environment variables (merged over ``os.environ``).
+        cwd: working directory of the child.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        health_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log_path = Path(log_path)
+        self.health_url = health_url
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.started_at_s: float | None = None
+        self.ready_after_s: float | None = None
+
+    def start(self) -> "ManagedProcess":
+        """Start the child in a new process group; returns self."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"$ {' '.join(self.argv)}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+        self.started_at_s = time.monotonic()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _fail(self, reason: str) -> ProcessStartError:
+        return ProcessStartError(
+            f"{self.name} {reason}. Log: {self.log_path}\n--- last lines ---\n"
+            f"{tail(self.log_path)}"
+        )
+
+    def wait_healthy(
+        self, timeout_s: float, poll_s: float = 1.0, ready: Callable[[], bool] | None = None
+    ) -> float:
+        """Block until the health check passes; returns seconds since start.
+
+        Raises:
+            ProcessStartError: the process exited, or ``timeout_s`` passed; the message
+                holds the last lines of its log.
+        """
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        check = ready or self._http_ok
+        while True:
+            if self.proc.poll() is not None:
+                raise self._fail(f"exited with code {self.proc.returncode} while starting")
+            if check():
+                self.ready_after_s = time.monotonic() - (self.started_at_s or 0.0)
+                return self.ready_after_s
+            if time.monotonic() > deadline:
+                self.stop()
+                raise self._fail(f"was not healthy after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+    def _http_ok(self) -> bool:
+        if self.health_url is None:
+            return True
+        try:
+            return httpx.get(self.health_url, timeout=2.0).is_success
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End the whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
+        if self.proc is None:
+            return
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except ProcessLookupError:
+            pgid = None
+        if pgid is not None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            # Children of the leader (e.g. vLLM's engine core) may outlive it: always
+            # finish the group.
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> "ManagedProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
