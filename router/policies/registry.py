@@ -1,0 +1,190 @@
+"""The policy registry: policy names -> (factory, config dataclass), and config parsing.
+
+Every routing policy has a name (``misa_t``), a config dataclass whose fields all have
+defaults (``MisaTConfig``), and a factory ``factory(config) -> Policy``. The live router
+and the simulator build policies only through :func:`make_policy`, so a name or an option
+is checked in one place: an unknown name, an unknown key or a value of the wrong type
+raises :class:`RouterConfigError` whose message lists what is valid.
+
+Hyphenated spellings (``misa-t``, ``cache-aware``) are accepted everywhere a name is.
+Extra policies (the simulator's ``aimd`` and ``tool_pause``) register themselves with
+:func:`register_policy` without editing this package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from router.policies.base import Policy, RouterConfigError
+
+PolicyFactory = Callable[[Any], Policy]
+"""``factory(config) -> Policy``; ``config`` is an instance of the registered dataclass."""
+
+_REGISTRY: dict[str, tuple[PolicyFactory, type]] = {}
+
+
+def canonical_policy_name(name: str) -> str:
+    """``"misa-t"`` -> ``"misa_t"``: names are stored with underscores, lower case."""
+    return str(name).strip().lower().replace("-", "_")
+
+
+def register_policy(name: str, factory: PolicyFactory, config_cls: type) -> None:
+    """Make policy ``name`` buildable by :func:`make_policy`.
+
+    Args:
+        name: the policy's name; hyphens are turned into underscores.
+        factory: ``factory(config) -> Policy``.
+        config_cls: a dataclass whose fields all have defaults (the policy's options).
+
+    Raises:
+        RouterConfigError: ``config_cls`` is not a dataclass, a field lacks a default,
+            or ``name`` is already registered with a different factory.
+    """
+    key = canonical_policy_name(name)
+    if not dataclasses.is_dataclass(config_cls) or not isinstance(config_cls, type):
+        raise RouterConfigError(f"policy {key!r}: config_cls must be a dataclass type, got {config_cls!r}")
+    for f in dataclasses.fields(config_cls):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RouterConfigError(
+                f"policy {key!r}: config field {f.name!r} of {config_cls.__name__} needs a default"
+            )
+    if key in _REGISTRY and _REGISTRY[key] != (factory, config_cls):
+        raise RouterConfigError(f"policy {key!r} is already registered; choose another name")
+    _REGISTRY[key] = (factory, config_cls)
+
+
+def registered_policy_names() -> tuple[str, ...]:
+    """All names :func:`make_policy` accepts now (built-in and registered), sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def _lookup(name: str) -> tuple[PolicyFactory, type]:
+    key = canonical_policy_name(name)
+    if key not in _REGISTRY:
+        raise RouterConfigError(
+            f"unknown router policy {name!r}; choose one of: {', '.join(registered_policy_names())}"
+        )
+    return _REGISTRY[key]
+
+
+def policy_config_class(name: str) -> type:
+    """The config dataclass of policy ``name``. Raises RouterConfigError if unknown."""
+    return _lookup(name)[1]
+
+
+def policy_config_fields(name: str) -> dict[str, Any]:
+    """``{field: default}`` of policy ``name``'s config, in declaration order.
+
+    Used by the service to write Hydra yaml defaults and by the simulator to sweep
+    parameters. Mutable defaults (dicts) are returned as fresh copies.
+
+    Raises:
+        RouterConfigError: unknown policy name.
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(policy_config_class(name)):
+        out[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return out
+
+
+def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """Build policy ``name`` with options ``params`` (missing keys take their defaults).
+
+    Args:
+        name: one of :func:`registered_policy_names` (hyphens allowed).
+        params: option values; a plain dict or an OmegaConf DictConfig.
+
+    Raises:
+        RouterConfigError: unknown name, unknown key, ill-typed value, or a value the
+            config's own validation rejects; the message names the valid choices.
+    """
+    factory, config_cls = _lookup(name)
+    config = build_config(config_cls, params, where=f"router policy {canonical_policy_name(name)!r}")
+    return factory(config)
+
+
+def build_config(config_cls: type, params: Mapping[str, Any] | None, where: str) -> Any:
+    """Instantiate dataclass ``config_cls`` from ``params``, checking keys and types.
+
+    Raises:
+        RouterConfigError: unknown key (lists the valid keys) or a value whose type does
+            not match the field's annotation.
+    """
+    params = dict(params or {})
+    hints = typing.get_type_hints(config_cls)
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        raise RouterConfigError(
+            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(names)}"
+        )
+    values = {}
+    for key, value in params.items():
+        values[key] = _coerce(value, hints[key], f"{where}: option {key!r}")
+    try:
+        return config_cls(**values)
+    except RouterConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise RouterConfigError(f"{where}: {exc}") from None
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            try:
+                return _coerce(value, arg, where)
+            except RouterConfigError:
+                continue
+        raise RouterConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise RouterConfigError(f"{where} must be None, got {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise RouterConfigError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise RouterConfigError(f"{where} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise RouterConfigError(f"{where} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise RouterConfigError(f"{where} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise RouterConfigError(f"{where} must be a string, got {value!r}")
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise RouterConfigError(f"{where} must be a mapping, got {value!r}")
+        if not args:
+            return dict(value)
+        return {
+            _coerce(k, args[0], f"{where} key"): _coerce(v, args[1], f"{where}[{k!r}]") for k, v in value.items()
+        }
+    if origin is tuple:
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+            raise RouterConfigError(f"{where} must be a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        return tuple(_coerce(v, item_tp, f"{where} item") for v in value)
+    raise RouterConfigError(f"{where}: unsupported option type {_type_name(tp)}")

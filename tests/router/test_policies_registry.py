@@ -1,0 +1,90 @@
+"""The policy registry: names, options, errors; round_robin's cycling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from router.policies import (
+    POLICY_NAMES,
+    RouterConfigError,
+    make_policy,
+    policy_config_fields,
+    register_policy,
+    registered_policy_names,
+)
+from router.policies.base import Admit, ClusterView, Hold, InstanceView, Request
+
+
+def _view(*healthy: bool) -> ClusterView:
+    return ClusterView(tuple(InstanceView(f"w{i}", healthy=h) for i, h in enumerate(healthy)))
+
+
+def _req(i: int) -> Request:
+    return Request(request_id=f"r{i}", session_id=f"s{i}")
+
+
+def test_every_builtin_name_builds_with_defaults_and_hyphens() -> None:
+    for name in POLICY_NAMES:
+        assert make_policy(name).name == name
+        assert make_policy(name.replace("_", "-")).name == name
+
+
+def test_unknown_policy_name_lists_valid_names() -> None:
+    with pytest.raises(RouterConfigError) as exc:
+        make_policy("fastest")
+    assert "round_robin" in str(exc.value)
+
+
+def test_unknown_option_lists_valid_keys() -> None:
+    with pytest.raises(RouterConfigError) as exc:
+        make_policy("round_robin", {"bogus": 1})
+    assert "bogus" in str(exc.value) and "no_healthy_recheck_s" in str(exc.value)
+
+
+def test_ill_typed_option_is_rejected() -> None:
+    with pytest.raises(RouterConfigError, match="must be a number"):
+        make_policy("round_robin", {"no_healthy_recheck_s": "soon"})
+    with pytest.raises(RouterConfigError, match="> 0"):
+        make_policy("round_robin", {"no_healthy_recheck_s": 0})
+
+
+def test_int_is_accepted_for_float_option() -> None:
+    policy = make_policy("round_robin", {"no_healthy_recheck_s": 2})
+    assert policy.decide(_req(0), _view(False), now=0.0) == Hold(2.0, reason="no healthy instance")
+
+
+def test_policy_config_fields_gives_defaults() -> None:
+    assert policy_config_fields("round-robin") == {"no_healthy_recheck_s": 1.0}
+
+
+def test_register_policy_adds_an_extra_policy() -> None:
+    @dataclass(frozen=True)
+    class EchoConfig:
+        target: str = "w0"
+
+    class Echo:
+        name = "echo_test"
+
+        def __init__(self, config: EchoConfig) -> None:
+            self.config = config
+
+    register_policy("echo-test", Echo, EchoConfig)
+    assert "echo_test" in registered_policy_names()
+    assert make_policy("echo_test", {"target": "w1"}).config.target == "w1"
+    with pytest.raises(RouterConfigError, match="already registered"):
+        register_policy("echo_test", object, EchoConfig)
+
+
+def test_round_robin_cycles_over_healthy_instances_only() -> None:
+    policy = make_policy("round_robin")
+    view = _view(True, False, True)
+    got = [policy.decide(_req(i), view, now=float(i)) for i in range(4)]
+    assert got == [Admit("w0", "round_robin"), Admit("w2", "round_robin")] * 2
+
+
+def test_round_robin_holds_when_nothing_is_healthy() -> None:
+    policy = make_policy("round_robin")
+    assert isinstance(policy.decide(_req(0), _view(False, False), now=0.0), Hold)
+    assert policy.state()["holds"] == 1
