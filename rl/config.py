@@ -1,0 +1,185 @@
+"""One config system for every entry point: Hydra config groups under ``recipes/``.
+
+Every entry point (``python -m rl.train``, ``python -m rollout.serve``, ...) is wrapped
+by ``hydra_entry``: before Hydra runs, the command line is composed once here so that a
+mistake (an unknown key, an unknown group option, a malformed override) becomes one
+clear message that lists the valid choices, and exit code 2, instead of a traceback.
+Errors of the project's own parts raised later (engines, model, router, sandbox) are
+caught at the same place and printed as their message alone.
+
+Hydra's own flags keep working: ``--cfg job`` (add ``--resolve`` to resolve
+interpolations), ``--help``, ``--info``, ``-m``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """The command line or a recipe is invalid; the message lists the valid choices."""
+
+
+# Errors a user can cause, printed at the entry point without a traceback. Each part
+# registers its exception type with ``register_user_error``.
+_USER_ERRORS: list[type[BaseException]] = [ConfigError]
+
+
+def register_user_error(exc_type: type[BaseException]) -> type[BaseException]:
+    """Mark ``exc_type`` as a user-facing error: entry points print its message, exit 1."""
+    if exc_type not in _USER_ERRORS:
+        _USER_ERRORS.append(exc_type)
+    return exc_type
+
+
+def _hydra_flags_removed(argv: Sequence[str]) -> list[str]:
+    """The overrides of a command line, without Hydra's own flags."""
+    out, skip = [], False
+    takes_value = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp",
+                   "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
+                   "--experimental-rerun"}
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in takes_value:
+            skip = a not in ("--info", "-i")
+            continue
+        if a.startswith("-"):
+            continue
+        if a.startswith("hydra.") or a.startswith("hydra/") or a.startswith("+hydra"):
+            continue
+        out.append(a)
+    return out
+
+
+def _group_options(group: str) -> list[str]:
+    d = RECIPES_DIR / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _keys_at(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:
+    """The deepest existing parent of ``dotted`` in ``cfg`` and the keys under it."""
+    parts = dotted.split(".")
+    node, path = cfg, []
+    for p in parts[:-1]:
+        if isinstance(node, DictConfig) and p in node and isinstance(node[p], DictConfig):
+            node = node[p]
+            path.append(p)
+        else:
+            break
+    return ".".join(path), sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
+
+
+def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``recipes/<config_name>.yaml`` with command-line ``overrides``.
+
+    Returns the composed config (interpolations not yet resolved), in struct mode.
+
+    Raises:
+        ConfigError: an override names an unknown key or group option, or is malformed;
+            the message names it and lists the valid keys or options.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    overrides = list(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(RECIPES_DIR), version_base=None):
+            try:
+                return hydra_compose(config_name=config_name, overrides=overrides)
+            except MissingConfigException as e:
+                raise ConfigError(_missing_option_message(e, overrides)) from None
+            except OverrideParseException as e:
+                raise ConfigError(f"malformed override: {e}. Overrides look like key=value, "
+                                  "group=option, or +new.key=value.") from None
+            except ConfigCompositionException as e:
+                base = [o for o in overrides if "=" in o and _is_group(o.split("=")[0].lstrip("+~"))]
+                raise ConfigError(_unknown_key_message(e, config_name, overrides, base)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _is_group(key: str) -> bool:
+    return (RECIPES_DIR / key).is_dir()
+
+
+def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if _is_group(key) and value not in _group_options(key):
+            return (f"{key}={value}: no such {key}. Valid options for {key}: "
+                    f"{', '.join(_group_options(key))}.")
+    return f"{e}"
+
+
+def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str],
+                         group_overrides: Sequence[str]) -> str:
+    from hydra import compose as hydra_compose
+
+    try:
+        cfg = hydra_compose(config_name=config_name, overrides=list(group_overrides))
+    except Exception:  # the group overrides alone fail: report Hydra's text
+        return str(e)
+    for o in overrides:
+        if o.startswith("+") or "=" not in o:
+            continue
+        key = o.split("=", 1)[0].lstrip("~")
+        if _is_group(key):
+            continue
+        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            parent, keys = _keys_at(cfg, key)
+            where = f"under '{parent}'" if parent else "at the top level"
+            return (f"unknown config key '{key}'. Valid keys {where}: {', '.join(keys)}. "
+                    f"(To add a new key on purpose, write +{key}=...)")
+    return str(e).splitlines()[0]
+
+
+def compose_or_exit(config_name: str, argv: Sequence[str]) -> DictConfig:
+    """``compose`` for command-line use: on ConfigError print the message and exit 2."""
+    try:
+        return compose(config_name, _hydra_flags_removed(argv))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], Callable[[], None]]:
+    """Decorator for an entry point ``fn(cfg)`` driven by ``recipes/<config_name>.yaml``.
+
+    The command line is validated first (see module docstring); then ``hydra.main``
+    runs ``fn``; user errors raised inside (types registered with
+    ``register_user_error``) are printed as ``error: <message>`` with exit code 1.
+    """
+
+    def wrap(fn: Callable[[DictConfig], object]) -> Callable[[], None]:
+        import hydra
+
+        @hydra.main(config_path=str(RECIPES_DIR), config_name=config_name, version_base=None)
+        def _run(cfg: DictConfig) -> None:
+            try:
+                fn(cfg)
+            except tuple(_USER_ERRORS) as e:
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(1)
+
+        @functools.wraps(fn)
+        def main() -> None:
+            argv = sys.argv[1:]
+            if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
+                compose_or_exit(config_name, argv)
+            _run()
+
+        return main
+
+    return wrap

