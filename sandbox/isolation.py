@@ -1,0 +1,151 @@
+"""Isolation with bubblewrap: the command line that runs one command in one workspace.
+
+What a sandboxed command sees:
+- the system folders (``/usr`` and the ``/bin``, ``/lib`` links) and the Python runtime
+  (``runtime_paths``) read-only; nothing else of the host's files;
+- its workspace, read-write, at ``/workspace`` (the working directory);
+- its own ``/tmp`` (tmpfs of ``tmp_size_bytes``), ``/proc`` and a minimal ``/dev``;
+- no network (its own network namespace holds only a downed loopback), its own PID, IPC
+  and UTS namespaces; the process tree dies with the sandbox's PID 1, which dies with
+  the caller (``--die-with-parent``).
+
+Two modes, chosen from the caller's user:
+- *root host* (containers, this machine): bubblewrap runs privileged and ``setpriv``
+  drops the command to a workspace-private user id (``uid_base + slot``) with no
+  capabilities and ``no_new_privs``. RLIMIT_NPROC is counted per user, so the process
+  limit is exact per workspace.
+- *unprivileged host* (CI runners): bubblewrap makes a user namespace. The process limit
+  then counts the caller's other processes too; it is set to their number plus the
+  limit (a weaker bound, said in ``process_limit_note``).
+
+``unsafe_no_isolation=True`` runs commands directly in the workspace folder with only
+the rlimits: for machines without bubblewrap, never for untrusted model output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.errors import SandboxError
+from sandbox.limits import Limits
+
+SANDBOX_WORKDIR = "/workspace"
+"""Where the workspace is mounted inside the sandbox."""
+
+BWRAP_INSTALL_HINT = (
+    "bubblewrap (bwrap) is not installed; install it with `sudo apt-get install "
+    "bubblewrap` (Debian/Ubuntu) or `sudo dnf install bubblewrap`. To run WITHOUT "
+    "isolation (unsafe: commands can read and write your files and reach the network) "
+    "set sandbox.unsafe_no_isolation=true."
+)
+
+
+def _default_runtime_paths() -> list[str]:
+    # The interpreter running us (a venv and the Python it was made from), so sandboxed
+    # commands can run `python -m pytest` with the same packages.
+    paths = {str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())}
+    return sorted(p for p in paths if not p.startswith("/usr"))
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """How commands are isolated.
+
+    Attributes:
+        bwrap: path or name of the bubblewrap binary.
+        runtime_paths: host folders bound read-only at the same path (the Python
+            runtime the tests need); default: this interpreter's prefix and base prefix.
+        python_bin: folder put first on PATH inside the sandbox (``python``, ``pytest``).
+        tmp_size_bytes: size of the sandbox's private ``/tmp``.
+        uid_base: first user id handed to workspaces in root-host mode.
+        unsafe_no_isolation: run without bubblewrap (see the module docstring).
+    """
+
+    bwrap: str = "bwrap"
+    runtime_paths: tuple[str, ...] = field(default_factory=lambda: tuple(_default_runtime_paths()))
+    python_bin: str = field(default_factory=lambda: str(Path(sys.prefix) / "bin"))
+    tmp_size_bytes: int = 256 * 1024**2
+    uid_base: int = 200_000
+    unsafe_no_isolation: bool = False
+
+    @property
+    def as_root(self) -> bool:
+        """True when the host side runs as root (per-workspace user ids are used)."""
+        return os.geteuid() == 0 and not self.unsafe_no_isolation
+
+    def bwrap_path(self) -> str:
+        """The resolved bubblewrap binary.
+
+        Raises:
+            SandboxError: bubblewrap is not installed (message says how to install it).
+        """
+        found = shutil.which(self.bwrap)
+        if found is None:
+            raise SandboxError(BWRAP_INSTALL_HINT)
+        return found
+
+    def env(self) -> dict[str, str]:
+        """The environment of a sandboxed command (the host's is not passed on)."""
+        return {
+            "PATH": f"{self.python_bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "GIT_CONFIG_NOSYSTEM": "1",
+        }
+
+    def argv(self, workspace: Path, uid: int | None, limits: Limits,
+             nproc: int | None, command: str) -> list[str]:
+        """The full command line that runs shell ``command`` in ``workspace``.
+
+        Args:
+            workspace: host folder mounted read-write at ``/workspace``.
+            uid: workspace user id (root-host mode), or None.
+            limits: the rlimits to apply (``Limits.prlimit_argv``).
+            nproc: RLIMIT_NPROC override (unprivileged mode), or None.
+            command: a ``/bin/sh -c`` command string.
+        """
+        inner = limits.prlimit_argv(nproc) + ["/bin/sh", "-c", command]
+        if self.unsafe_no_isolation:
+            return inner
+        argv = [self.bwrap_path()]
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            target = Path("/") / link
+            if target.is_symlink():
+                argv += ["--symlink", os.readlink(target), f"/{link}"]
+            elif target.is_dir():
+                argv += ["--ro-bind", str(target), f"/{link}"]
+        argv += ["--perms", "0755", "--dir", "/etc"]
+        for etc in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime"):
+            if Path(etc).exists():
+                argv += ["--ro-bind", etc, etc]
+        made: set[str] = set()
+        for path in self.runtime_paths:
+            # bubblewrap copies the mode of a missing parent (e.g. /root is 0700), which
+            # would hide the runtime from the workspace user: make parents 0755 first.
+            for parent in reversed(Path(path).parents):
+                p = str(parent)
+                if p != "/" and p not in made and not p.startswith("/usr"):
+                    argv += ["--perms", "0755", "--dir", p]
+                    made.add(p)
+            argv += ["--ro-bind", path, path]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--size", str(self.tmp_size_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+        argv += ["--bind", str(workspace), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
+        argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                 "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                 "--hostname", "sandbox"]
+        if uid is not None:
+            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                     "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                     "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"]
+        else:
+            argv += ["--unshare-user", "--cap-drop", "ALL"]
+        return argv + inner
