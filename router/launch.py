@@ -1,0 +1,155 @@
+"""Start the router in front of running engines, as a managed child process.
+
+``start_router`` runs either our router (``python -m router`` with the recipe's policy)
+or, for a recipe with ``impl: vllm``, the real vLLM Router program (PyPI
+``vllm-router``, policy ``cache_aware``), health-checks it and hands back a
+:class:`RouterHandle`. Both log to ``log_dir/router.log`` and die with the job
+(``rollout.process.ManagedProcess``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from rollout.process import ManagedProcess, free_port
+
+from router.policies.base import RouterConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class RouterHandle:
+    """A started router.
+
+    Attributes:
+        url: base URL (``http://127.0.0.1:PORT``); OpenAI routes under ``/v1``.
+        kind: ``ours`` or ``vllm``.
+        process: the managed child process.
+    """
+
+    url: str
+    kind: str
+    process: ManagedProcess
+
+    def stop(self) -> None:
+        """Stop the router's process group (SIGTERM, then SIGKILL)."""
+        self.process.stop()
+
+
+def _hydra_value(value: Any) -> str:
+    """Encode a Python value in Hydra's override grammar (quoted strings, lists, dicts)."""
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return json.dumps(value)
+
+
+def _vllm_router_binary() -> str:
+    candidate = Path(sys.executable).parent / "vllm-router"
+    found = str(candidate) if candidate.exists() else shutil.which("vllm-router")
+    if not found:
+        raise RouterConfigError("router=vllm needs the vllm-router program: pip install vllm-router")
+    return found
+
+
+def router_argv(
+    router_cfg: Mapping[str, Any],
+    engine_urls: Sequence[str],
+    kv_event_endpoints: Sequence[str],
+    model_path: str | None,
+    port: int,
+    extra_overrides: Sequence[str] = (),
+) -> list[str]:
+    """The command line that starts the router described by ``router_cfg`` on ``port``.
+
+    ``router_cfg`` is a ``recipes/router/<name>.yaml`` (as a mapping): ``impl`` (``ours``
+    or ``vllm``), ``policy``, ``params``, and for ``vllm`` the cache_aware thresholds.
+    ``extra_overrides`` are further Hydra overrides for ours (``signals.scrape_interval_s=1``).
+
+    Raises:
+        RouterConfigError: unknown ``impl``, or ``vllm-router`` not installed.
+    """
+    impl = router_cfg.get("impl", "ours")
+    urls = [u.rstrip("/") for u in engine_urls]
+    if impl == "vllm":
+        return [
+            _vllm_router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+            "--policy", "cache_aware",
+            "--cache-threshold", str(router_cfg["cache_threshold"]),
+            "--balance-abs-threshold", str(router_cfg["balance_abs_threshold"]),
+            "--balance-rel-threshold", str(router_cfg["balance_rel_threshold"]),
+            "--eviction-interval-secs", str(router_cfg["eviction_interval_s"]),
+            "--max-tree-size", str(router_cfg["max_tree_size"]),
+            # Its own Prometheus port defaults to a fixed 29000: take a free one per router.
+            "--prometheus-port", str(free_port()),
+        ]
+    if impl != "ours":
+        raise RouterConfigError(f"router impl {impl!r} is unknown; use 'ours' or 'vllm'")
+    argv = [
+        sys.executable, "-m", "router",
+        f"router.policy={_hydra_value(router_cfg['policy'])}",
+        "server.host=127.0.0.1", f"server.port={port}",
+        f"engines.urls={_hydra_value(urls)}",
+        f"engines.kv_event_endpoints={_hydra_value(list(kv_event_endpoints))}",
+        f"model.path={_hydra_value(model_path)}",
+    ]
+    # Policy options are not in the recipe's empty params: add them with '++'.
+    argv += [f"++router.params.{k}={_hydra_value(v)}" for k, v in dict(router_cfg.get("params") or {}).items()]
+    return argv + list(extra_overrides)
+
+
+def start_router(
+    router_cfg: Mapping[str, Any],
+    engine_urls: Sequence[str],
+    kv_event_endpoints: Sequence[str],
+    model_path: str | None,
+    log_dir: str | Path,
+    port: int | None = None,
+    timeout_s: float = 60.0,
+    extra_overrides: Sequence[str] = (),
+) -> RouterHandle:
+    """Start the router (ours or vllm-router) in front of ``engine_urls`` and wait until healthy.
+
+    Args:
+        router_cfg: the ``router`` config group (``recipes/router/*.yaml``), a mapping
+            or DictConfig.
+        engine_urls: engine base URLs.
+        kv_event_endpoints: ZMQ KV event endpoints, same order (ours only; may be empty).
+        model_path: tokenizer source for ours, or None.
+        log_dir: the run folder; the router logs to ``log_dir/router.log``.
+        port: port to serve on; None = a free one.
+        timeout_s: how long to wait for ``/health``.
+        extra_overrides: more Hydra overrides for ours.
+
+    Raises:
+        RouterConfigError: bad ``router_cfg``.
+        rollout.process.ProcessStartError: the router exited or stayed unhealthy; the
+            message holds its log's last lines.
+    """
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(router_cfg, DictConfig):
+            router_cfg = OmegaConf.to_container(router_cfg, resolve=True)
+    except ImportError:
+        pass
+    port = port or free_port()
+    argv = router_argv(router_cfg, engine_urls, kv_event_endpoints, model_path, port, extra_overrides)
+    url = f"http://127.0.0.1:{port}"
+    kind = router_cfg.get("impl", "ours")
+    # Both serve /health: ours always, vllm-router once its workers answered theirs.
+    process = ManagedProcess("router", argv, Path(log_dir) / "router.log", health_url=f"{url}/health", cwd=REPO_ROOT)
+    process.start()
+    process.wait_healthy(timeout_s, poll_s=0.2)
+    return RouterHandle(url=url, kind=kind, process=process)

@@ -1,0 +1,765 @@
+"""The live router: an async OpenAI-compatible HTTP proxy driven by a routing policy.
+
+Every request to ``/v1/completions`` or ``/v1/chat/completions`` goes through one loop
+(DESIGN.md, "The router's inside"):
+
+1. read the body (bytes, forwarded unchanged) and the metadata headers
+   (``X-Session-Id``, ``X-Workload-Class``, ``X-Group-Id``, ``X-Rollout-Unit``,
+   ``X-Session-End``) into a policy :class:`Request`, with the prompt's length and KV
+   block hashes from :mod:`router.tokenize`;
+2. ``policy.decide(request, view, now)``: ``Admit(w)`` -> forward to engine ``w``;
+   ``Hold(dt)`` -> wait ``dt`` (or until a request finishes or an engine recovers) and
+   decide again. HOLD never drops a request; a client that goes away is dropped and
+   reported as ``RequestFinished(ok=False)`` with ``instance=""`` if it was never admitted;
+3. report ``RequestStarted`` / ``RequestFinished`` (with the engine's ``usage``) to the
+   policy; after the last request of a session marked ``X-Session-End: 1``,
+   ``SessionEnded``.
+
+An engine that fails a request before any byte reached the client (connection error,
+or HTTP 502/503/504) is marked unhealthy, probed on ``/health`` until it answers, and
+the request is decided again (retried elsewhere, up to ``max_retries``). Once streaming
+has begun, the client gets the error as a final SSE ``data: {"error": ...}`` event.
+
+Bad input gets an OpenAI-format JSON error ``{"error": {"message", "type", "code"}}``:
+malformed JSON or missing fields 400, wrong method 405, unknown path 404, body over
+``max_body_bytes`` 413; a router bug answers 500 with the message, the traceback goes
+to the log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from router.metrics import RouterMetrics
+from router.policies.base import (
+    DEFAULT_CLASS,
+    Admit,
+    AllBlocksCleared,
+    ClusterView,
+    Event,
+    InstanceHealthChanged,
+    InstanceMetrics,
+    InstanceView,
+    MetricsSampled,
+    Policy,
+    Request,
+    RequestFinished,
+    RequestStarted,
+    RouterConfigError,
+    SessionEnded,
+)
+from router.signals import KvEventSubscriber, KvHashTranslator, MetricsScraper
+from router.tokenize import Endpoint, PromptError, PromptTokenizer
+
+log = logging.getLogger(__name__)
+
+# Hop-by-hop headers (RFC 9110 section 7.6.1) and those the client library recomputes.
+_HOP_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection",
+        "TE", "Trailer", "Upgrade", "Accept-Encoding",
+    )
+)
+_RETRYABLE_STATUS = frozenset({502, 503, 504})
+_FAILED_ENGINE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Transport options of the live router (``recipes/router_service.yaml``).
+
+    Attributes:
+        workload_classes: classes accepted in ``X-Workload-Class``; others (and a
+            missing header) become ``DEFAULT_CLASS`` and are counted.
+        max_body_bytes: largest request body accepted (413 above).
+        connect_timeout_s: engine connect timeout; a timeout fails the engine.
+        request_timeout_s: longest silence while reading an engine's answer.
+        max_retries: decisions after engine failures before the client gets 502.
+        probe_interval_s: period of ``/health`` probes of an unhealthy engine.
+        scrape_interval_s / scrape_timeout_s: metric scrape period and timeout.
+        kv_topic: ZMQ topic of the engines' KV event publishers.
+        long_hold_s: holds longer than this are counted as long holds.
+        session_idle_timeout_s: a session with nothing in flight for this long is
+            closed (``SessionEnded(reason="idle_timeout")``); 0 disables.
+        tokenizer_threads: threads that tokenize prompts off the event loop.
+    """
+
+    workload_classes: tuple[str, ...] = ("agent", "rlvr", "rlhf")
+    max_body_bytes: int = 16 * 1024 * 1024
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 600.0
+    max_retries: int = 3
+    probe_interval_s: float = 1.0
+    scrape_interval_s: float = 0.5
+    scrape_timeout_s: float = 2.0
+    kv_topic: str = "kv-events"
+    long_hold_s: float = 30.0
+    session_idle_timeout_s: float = 600.0
+    tokenizer_threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
+                     "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads"):
+            if getattr(self, name) <= 0:
+                raise RouterConfigError(f"router service option {name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_retries < 0 or self.session_idle_timeout_s < 0:
+            raise RouterConfigError("max_retries and session_idle_timeout_s must be >= 0")
+
+
+@dataclass
+class InstanceState:
+    """The transport's knowledge of one engine (becomes an ``InstanceView``)."""
+
+    url: str
+    healthy: bool = True
+    in_flight: int = 0
+    metrics: InstanceMetrics | None = None
+    metrics_at_s: float | None = None
+
+    def view(self, now: float) -> InstanceView:
+        age = None if self.metrics_at_s is None else max(0.0, now - self.metrics_at_s)
+        return InstanceView(self.url, self.healthy, self.in_flight, self.metrics, age)
+
+
+class ClientError(Exception):
+    """A bad client request; becomes an OpenAI-format JSON error with ``status``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def error_response(status: int, message: str, code: str | None = None) -> web.Response:
+    """OpenAI-format error body ``{"error": {"message", "type", "code"}}`` with ``status``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class _Session:
+    in_flight: int = 0
+    ending: bool = False
+    last_active_s: float = 0.0
+
+
+class _EngineFailed(Exception):
+    """The engine failed before the client saw a byte; the request may be retried."""
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ClientError as exc:
+        return error_response(exc.status, str(exc), exc.code)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = {
+            405: f"method {request.method} is not allowed on {request.path}",
+            404: f"no route {request.path}; this router serves /v1/completions, /v1/chat/completions, "
+            "/v1/models, /health, /metrics, /state",
+            413: f"request body too large: {exc.text}",
+        }.get(exc.status, exc.reason)
+        return error_response(exc.status, message)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # a router bug: the client gets a message, the log the traceback
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(500, f"internal router error: {type(exc).__name__}: {exc}")
+
+
+class RouterService:
+    """The router's state and HTTP handlers (one per process, or per test).
+
+    Args:
+        policy: a routing policy (``router.policies.make_policy``).
+        engine_urls: engine base URLs, in the policy's instance order.
+        kv_event_endpoints: ZMQ endpoints, same order as ``engine_urls`` (may be empty).
+        tokenizer: turns bodies into prompt length and block hashes.
+        config: transport options.
+        block_size: engine KV block size in tokens; None = take it from the first
+            scrape's ``vllm:cache_config_info``.
+        clock: seconds, monotonic; the policy's ``now``.
+
+    Use ``await start(host, port)`` / ``await stop()``, or ``make_app()`` to embed.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        engine_urls: Sequence[str],
+        kv_event_endpoints: Sequence[str] = (),
+        tokenizer: PromptTokenizer | None = None,
+        config: ServiceConfig | None = None,
+        block_size: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        urls = [u.rstrip("/") for u in engine_urls]
+        if not urls:
+            raise RouterConfigError("no engines: set engines.urls=[http://host:port,...]")
+        if len(set(urls)) != len(urls):
+            raise RouterConfigError(f"engines.urls has duplicates: {urls}")
+        if kv_event_endpoints and len(kv_event_endpoints) != len(urls):
+            raise RouterConfigError(
+                f"engines.kv_event_endpoints has {len(kv_event_endpoints)} entries for {len(urls)} engines; "
+                "give one per engine, in the same order, or none"
+            )
+        self.policy = policy
+        self.config = config or ServiceConfig()
+        self.clock = clock
+        self.instances = {u: InstanceState(u) for u in urls}
+        self.tokenizer = tokenizer or PromptTokenizer(None)
+        self.translator = KvHashTranslator()
+        self.metrics = RouterMetrics(long_hold_s=self.config.long_hold_s)
+        self.block_size: int | None = None
+        if block_size:
+            self._set_block_size(block_size)
+        self.scraper = MetricsScraper(
+            urls, self._on_metrics, self.config.scrape_interval_s, self.config.scrape_timeout_s, clock
+        )
+        self.kv_events = KvEventSubscriber(
+            dict(zip(urls, kv_event_endpoints)), self.observe, self.translator, self.config.kv_topic,
+            self._on_kv_batch, clock,
+        )
+        self._known_classes = frozenset(self.config.workload_classes)
+        self._ids = itertools.count()
+        self._sessions: dict[str, _Session] = {}
+        self._held_now = 0
+        self._capacity_freed = asyncio.Event()
+        self._probes: dict[str, asyncio.Task] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._pool = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="tokenize")
+        self._client: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application with all routes (starts/stops background tasks)."""
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[_json_errors])
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/state", self._state)
+        app.router.add_post("/admin/reset_prefix_index", self._reset_prefix_index)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port`` (0 = any free port); returns the base URL."""
+        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # the port the OS picked
+        self.url = f"http://{host}:{bound}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving and cancel the signal loops and probes."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self.config.connect_timeout_s, sock_read=self.config.request_timeout_s
+            ),
+            auto_decompress=False,
+        )
+        # One scrape before serving: the block size (and a first sample) is known at once.
+        await self.scraper.scrape_once()
+        if self.block_size is None:
+            log.warning("engine block size unknown (no cache_config_info yet): block hashes stay empty until it is")
+        self._tasks = [asyncio.create_task(self.scraper.run(), name="scrape")]
+        if self.kv_events.endpoints:
+            self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
+        if self.config.session_idle_timeout_s > 0:
+            self._tasks.append(asyncio.create_task(self._sweep_idle_sessions(), name="idle-sessions"))
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        for task in [*self._tasks, *self._probes.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._probes.values(), return_exceptions=True)
+        self._tasks, self._probes = [], {}
+        await self.scraper.close()
+        if self._client is not None:
+            await self._client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ signals -> policy
+
+    def observe(self, event: Event) -> None:
+        """Give ``event`` to the policy (a policy bug is logged, not raised into a loop)."""
+        try:
+            self.policy.observe(event)
+        except Exception:
+            log.exception("policy %s failed to observe %s", self.policy.name, type(event).__name__)
+
+    def _set_block_size(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.tokenizer.block_size = block_size
+        self.translator.block_size = block_size
+
+    def _on_metrics(self, instance: str, metrics: InstanceMetrics, now: float) -> None:
+        state = self.instances[instance]
+        state.metrics, state.metrics_at_s = metrics, now
+        if self.block_size is None and metrics.block_size:
+            self._set_block_size(metrics.block_size)
+            log.info("engine block size %d tokens (from %s/metrics)", metrics.block_size, instance)
+        self.observe(MetricsSampled(instance, metrics, now))
+
+    def _on_kv_batch(self, instance: str, counts: dict[str, int], gap: bool) -> None:
+        for kind, n in counts.items():
+            self.metrics.kv_events.labels(instance, kind).inc(n)
+        if gap:
+            self.metrics.kv_event_gaps.labels(instance).inc()
+
+    def _set_health(self, instance: str, healthy: bool) -> None:
+        state = self.instances[instance]
+        if state.healthy == healthy:
+            return
+        state.healthy = healthy
+        log.warning("engine %s is %s", instance, "healthy again" if healthy else "unhealthy; probing /health")
+        self.observe(InstanceHealthChanged(instance, healthy, self.clock()))
+        if healthy:
+            self._wake_held()
+        elif instance not in self._probes:
+            self._probes[instance] = asyncio.create_task(self._probe(instance), name=f"probe {instance}")
+
+    async def _probe(self, instance: str) -> None:
+        assert self._client is not None
+        try:
+            while True:
+                await asyncio.sleep(self.config.probe_interval_s)
+                try:
+                    async with self._client.get(
+                        f"{instance}/health", timeout=aiohttp.ClientTimeout(total=self.config.probe_interval_s * 2)
+                    ) as resp:
+                        if resp.status == 200:
+                            break
+                except _FAILED_ENGINE_ERRORS:
+                    continue
+        finally:
+            self._probes.pop(instance, None)
+        self._set_health(instance, True)
+
+    def _wake_held(self) -> None:
+        # Held requests wait on the current event; a fresh one serves the next waiters.
+        self._capacity_freed.set()
+        self._capacity_freed = asyncio.Event()
+
+    async def _sweep_idle_sessions(self) -> None:
+        timeout_s = self.config.session_idle_timeout_s
+        while True:
+            await asyncio.sleep(min(timeout_s / 4, 5.0))
+            now = self.clock()
+            idle = [sid for sid, s in self._sessions.items() if s.in_flight == 0 and now - s.last_active_s > timeout_s]
+            for sid in idle:
+                del self._sessions[sid]
+                self.observe(SessionEnded(sid, now, reason="idle_timeout"))
+
+    # ------------------------------------------------------------------ requests
+
+    def _request_from(self, http: web.Request, body: dict, prompt) -> Request:
+        h = http.headers
+        request_id = f"req-{next(self._ids)}"
+        session_id = h.get("X-Session-Id") or request_id
+        cls = h.get("X-Workload-Class")
+        if cls not in self._known_classes:
+            self.metrics.unknown_class.inc()
+            cls = DEFAULT_CLASS
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        return Request(
+            request_id=request_id,
+            session_id=session_id,
+            workload_class=cls,
+            group_id=h.get("X-Group-Id"),
+            unit_id=h.get("X-Rollout-Unit") or session_id,
+            # A request without a session id is its own one-turn session.
+            session_end=h.get("X-Session-End", "").strip().lower() in ("1", "true", "yes") or "X-Session-Id" not in h,
+            prompt_tokens=prompt.prompt_tokens,
+            block_hashes=prompt.block_hashes,
+            prompt_text=prompt.prompt_text,
+            max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+            arrival_s=self.clock(),
+        )
+
+    async def _completions(self, http: web.Request) -> web.StreamResponse:
+        return await self._generate(http, "completions", "/v1/completions")
+
+    async def _chat(self, http: web.Request) -> web.StreamResponse:
+        return await self._generate(http, "chat", "/v1/chat/completions")
+
+    async def _read_body(self, http: web.Request, endpoint: Endpoint) -> tuple[bytes, dict]:
+        raw = await http.read()
+        try:
+            body = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ClientError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ClientError(400, "request body must be a JSON object", "invalid_json")
+        required = ("model", "messages") if endpoint == "chat" else ("model", "prompt")
+        missing = [k for k in required if k not in body]
+        if missing:
+            raise ClientError(400, f"missing required field(s) {', '.join(missing)} in the request body", "missing_field")
+        return raw, body
+
+    async def _generate(self, http: web.Request, endpoint: Endpoint, path: str) -> web.StreamResponse:
+        raw, body = await self._read_body(http, endpoint)
+        try:
+            if self.tokenizer.needs_thread:
+                prompt = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self.tokenizer.prompt_info, body, endpoint
+                )
+            else:
+                prompt = self.tokenizer.prompt_info(body, endpoint)
+        except PromptError as exc:
+            raise ClientError(400, str(exc), "invalid_prompt") from None
+        request = self._request_from(http, body, prompt)
+        session = self._sessions.setdefault(request.session_id, _Session())
+        session.in_flight += 1
+        session.last_active_s = request.arrival_s
+        session.ending |= request.session_end
+        headers = {k: v for k, v in http.headers.items() if k.lower() not in _HOP_HEADERS}
+        streaming = body.get("stream") is True
+        try:
+            return await self._place_and_forward(http, request, path, raw, headers, streaming)
+        finally:
+            session.in_flight -= 1
+            session.last_active_s = self.clock()
+            if session.in_flight == 0 and session.ending and self._sessions.get(request.session_id) is session:
+                del self._sessions[request.session_id]
+                self.observe(SessionEnded(request.session_id, self.clock()))
+
+    async def _admit(self, request: Request) -> str:
+        """decide() until Admit; returns the instance. Held requests wait here."""
+        held_since: float | None = None
+        cls = request.workload_class
+        try:
+            while True:
+                now = self.clock()
+                view = ClusterView(tuple(s.view(now) for s in self.instances.values()))
+                t0 = time.perf_counter()
+                decision = self.policy.decide(request, view, now)
+                self.metrics.decision_latency_s.observe(time.perf_counter() - t0)
+                if isinstance(decision, Admit):
+                    self.metrics.decisions.labels("admit").inc()
+                    if decision.instance not in self.instances:
+                        raise RuntimeError(f"policy admitted on unknown instance {decision.instance!r}")
+                    return decision.instance
+                self.metrics.decisions.labels("hold").inc()
+                if held_since is None:
+                    held_since = now
+                    self._held_now += 1
+                    self.metrics.holds.labels(cls).inc()
+                    self.metrics.held_now.labels(cls).inc()
+                freed = self._capacity_freed
+                try:
+                    await asyncio.wait_for(freed.wait(), timeout=max(decision.recheck_after_s, 0.0))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if held_since is not None:
+                self._held_now -= 1
+                self.metrics.held_now.labels(cls).dec()
+                self.metrics.observe_hold_end(cls, self.clock() - held_since)
+
+    async def _place_and_forward(
+        self, http: web.Request, request: Request, path: str, raw: bytes, headers: dict, streaming: bool
+    ) -> web.StreamResponse:
+        failures = 0
+        while True:
+            try:
+                instance = await self._admit(request)
+            except asyncio.CancelledError:  # the client went away while held
+                self.observe(RequestFinished(request, "", self.clock(), ok=False))
+                raise
+            try:
+                return await self._forward(http, request, instance, path, raw, headers, streaming)
+            except _EngineFailed as exc:
+                failures += 1
+                self._engine_failed(instance, request, str(exc))
+                if failures > self.config.max_retries:
+                    return error_response(
+                        502, f"engines failed {failures} times for this request; last: {instance}: {exc}", "engine_failed"
+                    )
+                self.metrics.retries.inc()
+
+    async def _forward(
+        self, http: web.Request, request: Request, instance: str, path: str, raw: bytes, headers: dict, streaming: bool
+    ) -> web.StreamResponse:
+        """Send ``raw`` to ``instance`` and relay the answer; reports the lifecycle events.
+
+        Raises:
+            _EngineFailed: the engine failed before any byte reached the client.
+        """
+        assert self._client is not None
+        state = self.instances[instance]
+        state.in_flight += 1
+        self.metrics.in_flight.labels(instance).inc()
+        self.observe(RequestStarted(request, instance, self.clock()))
+        usage: dict = {}
+        outcome = "error"
+        try:
+            try:
+                async with self._client.post(instance + path, data=raw, headers=headers) as upstream:
+                    if upstream.status in _RETRYABLE_STATUS:
+                        raise _EngineFailed(f"HTTP {upstream.status}")
+                    if streaming and upstream.status == 200:
+                        response, usage, outcome = await self._relay_stream(http, upstream)
+                        if outcome == "engine_broke":
+                            self._engine_failed(instance, request, "stream broke after streaming began")
+                        return response
+                    payload = await upstream.read()
+            except _FAILED_ENGINE_ERRORS as exc:
+                raise _EngineFailed(f"{type(exc).__name__}: {exc}") from None
+            if upstream.status == 200:
+                usage = _usage_of_json(payload)
+                outcome = "ok"
+            return web.Response(body=payload, status=upstream.status, headers=_reply_headers(upstream))
+        except asyncio.CancelledError:
+            outcome = "client_gone"
+            raise
+        finally:
+            state.in_flight -= 1
+            self.metrics.in_flight.labels(instance).dec()
+            self.metrics.requests.labels(instance, outcome).inc()
+            self.observe(
+                RequestFinished(
+                    request, instance, self.clock(),
+                    prompt_tokens=usage.get("prompt_tokens") or request.prompt_tokens,
+                    completion_tokens=usage.get("completion_tokens") or 0,
+                    cached_tokens=usage.get("cached_tokens"),
+                    ok=outcome == "ok",
+                )
+            )
+            self._wake_held()
+
+    def _engine_failed(self, instance: str, request: Request, why: str) -> None:
+        self.metrics.engine_failures.labels(instance).inc()
+        log.warning("engine %s failed %s (%s)", instance, request.request_id, why)
+        self._set_health(instance, False)
+
+    async def _relay_stream(
+        self, http: web.Request, upstream: aiohttp.ClientResponse
+    ) -> tuple[web.StreamResponse, dict, str]:
+        """Relay an SSE stream chunk by chunk; returns (response, usage, outcome).
+
+        ``outcome`` is ``ok``, ``client_gone`` or ``engine_broke`` (after the first byte;
+        the client then gets a final ``data: {"error": ...}`` event). Usage comes from the
+        stream's usage chunk when the client asked for one
+        (``stream_options.include_usage``), else completion tokens = data events counted.
+
+        Raises:
+            _EngineFailed: the engine failed before the first byte (retryable).
+        """
+        response = web.StreamResponse(status=upstream.status, headers=_reply_headers(upstream))
+        data_events = 0
+        tail = b""
+        outcome = "ok"
+        try:
+            while True:
+                try:
+                    chunk = await upstream.content.readany()
+                except _FAILED_ENGINE_ERRORS as exc:
+                    if not response.prepared:
+                        raise _EngineFailed(f"{type(exc).__name__}: {exc}") from None
+                    err = {"error": {"message": f"engine failed mid-stream: {exc}", "type": "server_error", "code": "502"}}
+                    await response.write(b"data: " + msgspec.json.encode(err) + b"\n\n")
+                    outcome = "engine_broke"
+                    break
+                if not chunk:
+                    break
+                if not response.prepared:
+                    await response.prepare(http)
+                await response.write(chunk)
+                data_events += chunk.count(b"data: ")
+                tail = (tail + chunk)[-16384:]
+            if not response.prepared:
+                await response.prepare(http)
+            await response.write_eof()
+        except ConnectionError:  # writing to a client that went away
+            return response, {}, "client_gone"
+        usage = _usage_of_sse_tail(tail)
+        if not usage:
+            usage = {"completion_tokens": max(0, data_events - (1 if b"[DONE]" in tail else 0))}
+        return response, usage, outcome
+
+    # ------------------------------------------------------------------ other routes
+
+    async def _models(self, http: web.Request) -> web.Response:
+        assert self._client is not None
+        last = "no healthy engine"
+        for state in self.instances.values():
+            if not state.healthy:
+                continue
+            try:
+                async with self._client.get(f"{state.url}/v1/models") as upstream:
+                    return web.Response(body=await upstream.read(), status=upstream.status, headers=_reply_headers(upstream))
+            except _FAILED_ENGINE_ERRORS as exc:
+                last = f"{state.url}: {type(exc).__name__}: {exc}"
+        return error_response(502, f"could not list models: {last}", "engine_failed")
+
+    async def _health(self, http: web.Request) -> web.Response:
+        healthy = sum(s.healthy for s in self.instances.values())
+        return web.json_response({"status": "ok", "healthy_instances": healthy, "instances": len(self.instances)})
+
+    async def _metrics(self, http: web.Request) -> web.Response:
+        now = self.clock()
+        for state in self.instances.values():
+            self.metrics.instance_healthy.labels(state.url).set(1 if state.healthy else 0)
+            if state.metrics_at_s is not None:
+                self.metrics.signal_age_s.labels(state.url).set(now - state.metrics_at_s)
+        self.metrics.refresh_from_policy_state(self.policy.state())
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    def state(self) -> dict:
+        """JSON snapshot for ``/state``: the policy's state plus each instance's health and signal ages."""
+        now = self.clock()
+        instances = []
+        for s in self.instances.values():
+            kv_at = self.kv_events.last_event_s.get(s.url)
+            instances.append({
+                "instance": s.url,
+                "healthy": s.healthy,
+                "in_flight": s.in_flight,
+                "metrics_age_s": None if s.metrics_at_s is None else now - s.metrics_at_s,
+                "kv_event_age_s": None if kv_at is None else now - kv_at,
+                "kv_mapped_blocks": self.translator.mapped_blocks(s.url),
+                "metrics": None if s.metrics is None else asdict(s.metrics),
+            })
+        return {
+            "policy": self.policy.state(),
+            "instances": instances,
+            "block_size": self.block_size,
+            "held_requests": self._held_now,
+            "open_sessions": len(self._sessions),
+        }
+
+    async def _state(self, http: web.Request) -> web.Response:
+        return web.json_response(self.state())
+
+    async def _reset_prefix_index(self, http: web.Request) -> web.Response:
+        raw = await http.read()
+        try:
+            body = msgspec.json.decode(raw) if raw.strip() else {}
+        except msgspec.DecodeError as exc:
+            raise ClientError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        target = body.get("instance") if isinstance(body, dict) else None
+        if target is None:
+            targets = list(self.instances)
+        else:
+            target = str(target).rstrip("/")
+            if target not in self.instances:
+                raise ClientError(404, f"unknown instance {target!r}; known: {', '.join(self.instances)}", "unknown_instance")
+            targets = [target]
+        now = self.clock()
+        for instance in targets:
+            self.translator.clear(instance)
+            self.observe(AllBlocksCleared(instance, now))
+        return web.json_response({"cleared": targets})
+
+
+def _reply_headers(upstream: aiohttp.ClientResponse) -> dict:
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS and k.lower() != "content-encoding"}
+
+
+def _usage_fields(usage: Any) -> dict:
+    if not isinstance(usage, Mapping):
+        return {}
+    out = {k: usage[k] for k in ("prompt_tokens", "completion_tokens") if isinstance(usage.get(k), int)}
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
+        out["cached_tokens"] = details["cached_tokens"]
+    return out
+
+
+def _usage_of_json(payload: bytes) -> dict:
+    """``usage`` of a non-streamed OpenAI answer ({} when absent or unparsable)."""
+    try:
+        doc = msgspec.json.decode(payload)
+    except msgspec.DecodeError:
+        return {}
+    return _usage_fields(doc.get("usage")) if isinstance(doc, dict) else {}
+
+
+def _usage_of_sse_tail(tail: bytes) -> dict:
+    """``usage`` of the last SSE data event that carries one ({} when none)."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                doc = msgspec.json.decode(line[6:])
+            except msgspec.DecodeError:
+                continue
+            usage = _usage_fields(doc.get("usage")) if isinstance(doc, dict) else {}
+            if usage:
+                return usage
+    return {}
+
+
+def build_service(cfg: Any) -> RouterService:
+    """Build a :class:`RouterService` from the composed ``router_service`` config.
+
+    Reads ``cfg.router`` (``impl``, ``policy``, ``params``), ``cfg.engines``,
+    ``cfg.model.path``, ``cfg.signals``, ``cfg.server``, ``cfg.sessions``.
+
+    Raises:
+        RouterConfigError: ``router.impl`` is not ``ours``, an unknown policy or option,
+            no engines, or a bad transport option; the message says what to change.
+    """
+    from omegaconf import OmegaConf
+
+    from router.policies import make_policy
+
+    if cfg.router.impl != "ours":
+        raise RouterConfigError(
+            f"router.impl={cfg.router.impl!r} is run by router.launch.start_router (the vllm-router program), "
+            "not by python -m router; choose a router with impl: ours (misa-t, misa, session-admission, "
+            "cache-aware, round-robin)"
+        )
+    params = OmegaConf.to_container(cfg.router.params, resolve=True) if cfg.router.params is not None else {}
+    policy = make_policy(cfg.router.policy, params)
+    config = ServiceConfig(
+        workload_classes=tuple(cfg.sessions.workload_classes),
+        max_body_bytes=int(cfg.server.max_body_bytes),
+        connect_timeout_s=float(cfg.engines.connect_timeout_s),
+        request_timeout_s=float(cfg.engines.request_timeout_s),
+        max_retries=int(cfg.engines.max_retries),
+        probe_interval_s=float(cfg.engines.probe_interval_s),
+        scrape_interval_s=float(cfg.signals.scrape_interval_s),
+        scrape_timeout_s=float(cfg.signals.scrape_timeout_s),
+        kv_topic=str(cfg.signals.kv_topic),
+        long_hold_s=float(cfg.server.long_hold_s),
+        session_idle_timeout_s=float(cfg.sessions.idle_timeout_s),
+        tokenizer_threads=int(cfg.server.tokenizer_threads),
+    )
+    tokenizer = PromptTokenizer(cfg.model.path)
+    return RouterService(
+        policy,
+        list(cfg.engines.urls),
+        list(cfg.engines.kv_event_endpoints or []),
+        tokenizer=tokenizer,
+        config=config,
+        block_size=cfg.engines.block_size,
+    )

@@ -1,0 +1,147 @@
+"""Prompt -> token ids -> KV block hashes, as the router sees an OpenAI request body.
+
+The policy needs, per request, the prompt length L_r in tokens (MISA-T Eq. 1, Eq. 7) and
+the chained hashes of the prompt's full KV blocks (the prefix index's key, paper
+section 4.4). The engine computes its own hashes over the token ids it prefills, so the
+router must tokenize exactly as the engine does:
+
+- ``/v1/chat/completions``: the model's chat template via
+  ``AutoTokenizer.apply_chat_template(messages, add_generation_prompt=True)``;
+- ``/v1/completions``: the ``prompt`` string (tokenized with special tokens, as vLLM
+  does) or a list of token ids taken as is.
+
+Without a tokenizer (``model.path`` unset) token lists are still used as is; text prompts
+get ``block_hashes=()`` (no prefix matching) and ``prompt_tokens`` estimated as
+``ceil(chars / CHARS_PER_TOKEN)``, a rough English average that only feeds KV-demand
+estimates.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from router.prefix_index import chain_hashes
+
+CHARS_PER_TOKEN = 4.0
+"""Characters per token for the no-tokenizer estimate of ``prompt_tokens``."""
+
+Endpoint = Literal["chat", "completions"]
+
+
+class PromptError(ValueError):
+    """The request body's prompt cannot be read (wrong shape); a 400 for the client."""
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """What the router derives from one prompt.
+
+    Attributes:
+        prompt_tokens: L_r, prompt length in tokens (exact with a tokenizer or token
+            list, else estimated from characters).
+        block_hashes: chained hashes of the full KV blocks of the prompt, in order, in
+            the prefix index's hash space; () when the token ids or block size are unknown.
+        prompt_text: the prompt as text (chat: the rendered template, or the messages'
+            contents joined when there is no tokenizer).
+    """
+
+    prompt_tokens: int
+    block_hashes: tuple[int, ...]
+    prompt_text: str
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(model_path: str):
+    """Load (once per path) the Hugging Face tokenizer of ``model_path``.
+
+    Args:
+        model_path: a local model folder or a hub id.
+
+    Raises:
+        OSError / ValueError from transformers when the path holds no tokenizer.
+    """
+    from transformers import AutoTokenizer  # heavy import, only when a model is configured
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _message_text(messages: list[Any]) -> str:
+    parts = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):  # OpenAI content parts
+            parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "\n".join(parts)
+
+
+def _is_token_list(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
+class PromptTokenizer:
+    """Turns request bodies into :class:`PromptInfo` for one model and block size.
+
+    Args:
+        model_path: tokenizer source (``model.path``), or None for the estimate.
+        block_size: engine KV block size in tokens, or None while unknown (then
+            ``block_hashes`` stay empty); may be set later via ``block_size``.
+
+    ``prompt_info`` is CPU work (templating, tokenizing): the server calls it in a
+    thread pool when ``needs_thread`` is True.
+    """
+
+    def __init__(self, model_path: str | None, block_size: int | None = None) -> None:
+        self.model_path = model_path or None
+        self.block_size = block_size
+        self._tokenizer = load_tokenizer(self.model_path) if self.model_path else None
+
+    @property
+    def needs_thread(self) -> bool:
+        """True when ``prompt_info`` runs a real tokenizer (worth moving off the event loop)."""
+        return self._tokenizer is not None
+
+    def token_ids(self, body: dict, endpoint: Endpoint) -> tuple[list[int] | None, str]:
+        """The prompt's token ids (None without a tokenizer) and its text.
+
+        Raises:
+            PromptError: ``messages`` is not a list of messages, or ``prompt`` is neither
+                a string nor a list of token ids (a list of prompts is read as its first).
+        """
+        if endpoint == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise PromptError("'messages' must be a list of message objects")
+            if self._tokenizer is None:
+                return None, _message_text(messages)
+            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            # The template already holds the special tokens (BOS); vLLM does not add more.
+            return self._tokenizer.encode(text, add_special_tokens=False), text
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not _is_token_list(prompt):
+            prompt = prompt[0]  # a batch of prompts: place the batch by its first
+        if _is_token_list(prompt):
+            ids = list(prompt)
+            text = self._tokenizer.decode(ids) if self._tokenizer is not None else ""
+            return ids, text
+        if not isinstance(prompt, str):
+            raise PromptError("'prompt' must be a string, a list of token ids, or a list of those")
+        if self._tokenizer is None:
+            return None, prompt
+        return self._tokenizer.encode(prompt, add_special_tokens=True), prompt
+
+    def prompt_info(self, body: dict, endpoint: Endpoint) -> PromptInfo:
+        """Prompt length and block hashes of one request body (see module docstring).
+
+        Raises:
+            PromptError: as :meth:`token_ids`.
+        """
+        ids, text = self.token_ids(body, endpoint)
+        if ids is None:
+            return PromptInfo(math.ceil(len(text) / CHARS_PER_TOKEN), (), text)
+        hashes = tuple(chain_hashes(ids, self.block_size)) if self.block_size else ()
+        return PromptInfo(len(ids), hashes, text)
