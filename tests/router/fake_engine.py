@@ -54,7 +54,7 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", lambda r: web.Response(text=""))
+        app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -114,6 +114,9 @@ class FakeEngine:
         finally:
             self.running -= 1
             self.served += 1
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
