@@ -7,6 +7,9 @@ endpoint, Prometheus ``/metrics``, and the dev-mode endpoints the weight sync us
 are split between engines (``VLLM_CPU_OMP_THREADS_BIND``); on GPU the devices are
 (``CUDA_VISIBLE_DEVICES``, ``tensor_parallel_size`` each). Logs go to the run folder.
 
+KV space per engine is ``engine.kv_cache_space_gib`` (passed as ``--kv-cache-memory-bytes``,
+which takes fractions of a GiB; the legacy ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only).
+
 ``engine.urls=[...]`` uses engines that already run elsewhere (the multi-node case):
 nothing is launched, the URLs are health-checked and used as they are.
 
@@ -97,6 +100,9 @@ def engine_argv(ecfg: DictConfig, model_path: str, served_name: str, max_model_l
         argv.append("--enforce-eager")
     if ecfg.block_size:
         argv += ["--block-size", str(ecfg.block_size)]
+    if ecfg.kv_cache_space_gib is not None:
+        # VLLM_CPU_KVCACHE_SPACE takes whole GiB only; the flag takes bytes, on CPU and GPU.
+        argv += ["--kv-cache-memory-bytes", str(int(float(ecfg.kv_cache_space_gib) * 2**30))]
     if ecfg.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(ecfg.max_num_batched_tokens)]
     if ecfg.kind == "gpu":
@@ -117,7 +123,6 @@ def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
            "TOKENIZERS_PARALLELISM": "false"}
     if ecfg.kind == "cpu":
         binds = cpu_core_split(int(ecfg.num_engines))
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(ecfg.kv_cache_space_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = binds[index]
     else:
         tp = int(ecfg.tensor_parallel_size)
@@ -125,6 +130,39 @@ def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(first, first + tp))
     env.update({str(k): str(v) for k, v in (ecfg.env or {}).items()})
     return env
+
+
+def validate_engine_cfg(ecfg: DictConfig) -> None:
+    """Check the ``engine`` group's values before anything starts.
+
+    Raises:
+        EngineError: a value has the wrong type or range; the message names the key,
+            the value and what is allowed.
+    """
+    def bad(key: str, want: str) -> EngineError:
+        return EngineError(f"engine.{key}={ecfg.get(key)!r} is invalid: {want}.")
+
+    if ecfg.kind not in ("cpu", "gpu"):
+        raise bad("kind", "use cpu or gpu")
+    for key, lo in (("num_engines", 1), ("max_num_seqs", 1), ("tensor_parallel_size", 1),
+                    ("startup_timeout_s", 1)):
+        v = ecfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo or int(v) != v:
+            raise bad(key, f"give a whole number >= {lo}")
+    for key in ("block_size", "max_num_batched_tokens"):
+        v = ecfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise bad(key, "give a whole number >= 1, or null for the engine's default")
+    v = ecfg.get("kv_cache_space_gib")
+    if v is None and ecfg.kind == "cpu" or v is not None and (
+            isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+        raise bad("kv_cache_space_gib", "give a size in GiB > 0 (e.g. 0.5)"
+                  + ("" if ecfg.kind == "cpu" else ", or null to size it by gpu_memory_utilization"))
+    for key in ("enforce_eager", "kv_events"):
+        if not isinstance(ecfg.get(key), bool):
+            raise bad(key, "use true or false")
+    if not 0 < float(ecfg.gpu_memory_utilization) <= 1:
+        raise bad("gpu_memory_utilization", "give a fraction in (0, 1]")
 
 
 def wait_until_healthy(url: str, timeout_s: float) -> None:
@@ -175,6 +213,7 @@ class EnginePool:
             EngineError: an engine did not come up; the message carries its last log lines.
                 Engines already started are stopped first.
         """
+        validate_engine_cfg(ecfg)
         if ecfg.urls:
             kv = list(ecfg.kv_event_endpoints or [])
             if kv and len(kv) != len(ecfg.urls):

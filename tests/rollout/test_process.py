@@ -1,0 +1,132 @@
+"""Managed child processes: health check errors, whole-group stop, death with the parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rollout.engines import EngineError, cpu_core_split, validate_engine_cfg
+from rollout.process import ManagedProcess, ProcessStartError, free_port
+
+# A tiny HTTP server that also forks a grandchild (as vLLM's API server forks its engine core).
+_SERVER = textwrap.dedent("""
+    import http.server, subprocess, sys
+    port = int(sys.argv[1])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("grandchild", child.pid, flush=True)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); read its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _grandchild_pid(log_path, timeout_s=10.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in log_path.read_text().splitlines():
+            if line.startswith("grandchild "):
+                return int(line.split()[1])
+        time.sleep(0.1)
+    raise AssertionError("server did not report its grandchild")
+
+
+def test_stop_ends_the_whole_process_group(tmp_path):
+    port = free_port()
+    p = ManagedProcess("srv", [sys.executable, "-c", _SERVER, str(port)], tmp_path / "srv.log",
+                       health_url=f"http://127.0.0.1:{port}/").start()
+    p.wait_healthy(30, poll_s=0.2)
+    grandchild = _grandchild_pid(tmp_path / "srv.log")
+    assert _alive(p.pid) and _alive(grandchild)
+    p.stop(grace_s=2)
+    assert not _alive(p.pid)
+    time.sleep(0.2)
+    assert not _alive(grandchild)
+
+
+def test_health_timeout_error_names_the_process_and_shows_its_log(tmp_path):
+    p = ManagedProcess("sleepy", [sys.executable, "-c",
+                                  "print('starting slowly', flush=True); import time; time.sleep(60)"],
+                       tmp_path / "sleepy.log", health_url=f"http://127.0.0.1:{free_port()}/").start()
+    with pytest.raises(ProcessStartError) as e:
+        p.wait_healthy(1.5, poll_s=0.2)
+    assert "sleepy" in str(e.value) and "starting slowly" in str(e.value)
+    assert not p.alive()
+
+
+def test_process_that_exits_at_start_reports_exit_code_and_log(tmp_path):
+    p = ManagedProcess("crash", [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"],
+                       tmp_path / "crash.log", health_url="http://127.0.0.1:9/").start()
+    with pytest.raises(ProcessStartError, match="exited with code 3") as e:
+        p.wait_healthy(30, poll_s=0.1)
+    assert "bad flag" in str(e.value)
+
+
+def test_children_die_when_the_parent_is_killed(tmp_path):
+    port = free_port()
+    parent_code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from rollout.process import ManagedProcess
+        p = ManagedProcess("srv", [sys.executable, "-c", {_SERVER!r}, "{port}"],
+                           Path({str(tmp_path / 'srv.log')!r}),
+                           health_url="http://127.0.0.1:{port}/").start()
+        p.wait_healthy(30, poll_s=0.2)
+        print(p.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    child_pid = int(parent.stdout.readline())
+    assert _alive(child_pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child_pid), "child outlived its killed parent"
+
+
+def test_cpu_cores_are_split_between_engines():
+    assert cpu_core_split(1, [0, 1]) == ["0-1"]
+    assert cpu_core_split(2, [0, 1]) == ["0", "1"]
+    assert cpu_core_split(2, [0, 1, 2, 3]) == ["0-1", "2-3"]
+    assert cpu_core_split(3, [0, 1]) == ["0", "1", "0"]
+    with pytest.raises(EngineError):
+        cpu_core_split(0, [0, 1])
+
+
+@pytest.mark.parametrize("key,value,hint", [
+    ("num_engines", 0, "whole number >= 1"),
+    ("num_engines", "two", "whole number >= 1"),
+    ("kv_cache_space_gib", -1, "GiB > 0"),
+    ("kind", "tpu", "cpu or gpu"),
+    ("enforce_eager", "yes", "true or false"),
+    ("block_size", 0, ">= 1, or null"),
+])
+def test_bad_engine_values_are_refused_with_the_key_named(train_cfg, key, value, hint):
+    from omegaconf import OmegaConf
+
+    ecfg = OmegaConf.create(OmegaConf.to_container(train_cfg.engine))
+    ecfg[key] = value
+    with pytest.raises(EngineError, match=f"engine.{key}=.*{hint}"):
+        validate_engine_cfg(ecfg)
