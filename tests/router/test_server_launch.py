@@ -1,0 +1,91 @@
+"""start_router: our router and the real vllm-router as managed processes in front of fake engines."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import httpx
+import pytest
+from omegaconf import OmegaConf
+
+from router.__main__ import RECIPES_DIR
+from router.launch import REPO_ROOT, router_argv, start_router
+from tests.router.fake_engine import FakeEngine
+
+
+@pytest.fixture
+async def engines():
+    pair = [FakeEngine(), FakeEngine()]
+    for e in pair:
+        await e.start()
+    yield pair
+    for e in pair:
+        await e.stop()
+
+
+async def _one_request_through(handle, engines) -> None:
+    try:
+        async with httpx.AsyncClient(base_url=handle.url, timeout=10) as client:
+            r = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "hello"},
+                                  headers={"X-Session-Id": "s-1"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "toktoktoktok"
+        assert sum(len(e.received) for e in engines) == 1
+    finally:
+        await asyncio.to_thread(handle.stop)
+
+
+async def test_start_router_launches_vllm_router_in_front_of_two_engines(engines, tmp_path):
+    cfg = OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml")
+    # start_router blocks while it health-checks: run it off the loop that serves the engines.
+    handle = await asyncio.to_thread(start_router, cfg, [e.url for e in engines], [], None, tmp_path)
+    assert handle.kind == "vllm" and (tmp_path / "router.log").exists()
+    await _one_request_through(handle, engines)
+
+
+async def test_start_router_launches_ours_with_policy_params(engines, tmp_path):
+    cfg = {"impl": "ours", "policy": "round_robin", "params": {"no_healthy_recheck_s": 0.5}}
+    handle = await asyncio.to_thread(start_router, cfg, [e.url for e in engines], [], None, tmp_path)
+    assert handle.kind == "ours"
+    async with httpx.AsyncClient(base_url=handle.url) as client:
+        state = (await client.get("/state")).json()
+    assert state["policy"]["policy"] == "round_robin" and len(state["instances"]) == 2
+    await _one_request_through(handle, engines)
+
+
+def test_vllm_router_argv_carries_recipe_thresholds():
+    cfg = OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
+    argv = router_argv(cfg, ["http://a:1", "http://b:2"], [], None, port=9000)
+    flags = dict(zip(argv, argv[1:]))
+    assert (flags["--policy"], flags["--cache-threshold"], flags["--balance-abs-threshold"],
+            flags["--balance-rel-threshold"]) == ("cache_aware", "0.5", "32", "1.1")
+    assert argv[argv.index("--worker-urls") + 1: argv.index("--worker-urls") + 3] == ["http://a:1", "http://b:2"]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("nosuchkey=1", "Valid keys in the top level: router, server, engines"),
+        ("engines.bogus=1", "Valid keys in section 'engines': urls"),
+        ("router=nope", "Valid router=... choices: cache-aware, misa, misa-t, round-robin, session-admission, vllm"),
+        ("router=round-robin +router.params.nope=1", "valid options: no_healthy_recheck_s"),
+        ("router=round-robin router.params.nope=1", "added with a leading '+'"),
+        ("router=round-robin", "no engines: set engines.urls"),
+        ("router=vllm engines.urls=[http://127.0.0.1:1]", "is run by router.launch.start_router"),
+    ],
+)
+def test_config_mistake_gives_one_paragraph_and_no_traceback(override, expected):
+    run = subprocess.run([sys.executable, "-m", "router", *override.split()], capture_output=True, text=True,
+                         cwd=REPO_ROOT, timeout=60)
+    assert run.returncode == 2
+    assert expected in run.stderr and "Traceback" not in run.stderr + run.stdout
+    assert run.stderr.startswith("router: configuration error:")
+
+
+def test_cfg_job_prints_resolved_config():
+    run = subprocess.run([sys.executable, "-m", "router", "router=round-robin", "--cfg", "job"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, timeout=60)
+    assert run.returncode == 0
+    cfg = OmegaConf.create(run.stdout)
+    assert cfg.router.policy == "round_robin" and cfg.signals.scrape_interval_s == 0.5
