@@ -8,6 +8,9 @@ names, ``policy_config_fields(name)`` their options and defaults, and
 from __future__ import annotations
 
 from router.policies.base import RouterConfigError
+from router.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from router.policies.misa import MisaConfig, MisaPolicy
+from router.policies.misa_t import MisaTConfig, MisaTPolicy
 from router.policies.registry import (
     build_config,
     canonical_policy_name,
@@ -18,11 +21,19 @@ from router.policies.registry import (
     registered_policy_names,
 )
 from router.policies.round_robin import RoundRobinConfig, RoundRobinPolicy
+from router.policies.session_admission import SessionAdmissionConfig, SessionAdmissionPolicy
 
-register_policy("round_robin", RoundRobinPolicy, RoundRobinConfig)
+POLICY_NAMES: tuple[str, ...] = ("round_robin", "cache_aware", "session_admission", "misa", "misa_t")
+"""The built-in policies (paper section 5.1's four, plus round_robin)."""
 
-POLICY_NAMES: tuple[str, ...] = ("round_robin",)
-"""The built-in policies (more are added as they land: cache_aware, session_admission, misa, misa_t)."""
+for _name, _factory, _config in (
+    ("round_robin", RoundRobinPolicy, RoundRobinConfig),
+    ("cache_aware", CacheAwarePolicy, CacheAwareConfig),
+    ("session_admission", SessionAdmissionPolicy, SessionAdmissionConfig),
+    ("misa", MisaPolicy, MisaConfig),
+    ("misa_t", MisaTPolicy, MisaTConfig),
+):
+    register_policy(_name, _factory, _config)
 
 __all__ = [
     "POLICY_NAMES",
@@ -34,6 +45,14 @@ __all__ = [
     "policy_config_fields",
     "register_policy",
     "registered_policy_names",
+    "CacheAwareConfig",
+    "CacheAwarePolicy",
+    "MisaConfig",
+    "MisaPolicy",
+    "MisaTConfig",
+    "MisaTPolicy",
     "RoundRobinConfig",
     "RoundRobinPolicy",
+    "SessionAdmissionConfig",
+    "SessionAdmissionPolicy",
 ]
