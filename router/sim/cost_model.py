@@ -1,0 +1,233 @@
+"""Cost model: how long one engine step takes, and how many KV blocks an engine has.
+
+One engine step (vLLM v1 ``EngineCore.step``) runs a batch made of prefill chunks and
+decode sequences. Its duration depends on
+
+- ``prefill_tokens``: new prompt tokens computed this step (cache hits excluded),
+- ``decode_seqs``: sequences emitting one token this step,
+- ``context_tokens``: tokens of KV the step's attention reads (sum over the batch of
+  each sequence's context length).
+
+Two models give ``step_time_s(prefill_tokens, decode_seqs, context_tokens)``:
+
+- :class:`RooflineCost`: an analytic roofline from the model's shape (parameters, active
+  parameters for MoE, layers, KV heads, head size) and the hardware (FLOP/s, memory
+  bandwidth, TP degree). Named profiles: :data:`HARDWARE` and :data:`MODELS`.
+- :class:`LinearStepCost`: ``c0 + c_prefill * prefill_tokens + c_decode * decode_seqs
+  + c_context * context_tokens``, fitted by least squares to measured steps
+  (:func:`fit_linear_step_cost`); :func:`cpu_smollm2_cost` fits it to the real vLLM
+  numbers in ``shared/notes/vllm-cpu.md`` so the simulator can be checked against reality.
+
+Both are linear in ``context_tokens`` at fixed batch shape, which the engine model uses to
+advance several decode steps at once (see ``router/sim/engine.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from router.sim.errors import SimError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator: dense bf16 FLOP/s, HBM bandwidth (bytes/s) and memory (bytes)."""
+
+    name: str
+    flops_per_s: float
+    mem_bw_bytes_per_s: float
+    mem_bytes: float
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of a model's shape that set its serving cost.
+
+    Attributes:
+        total_params: all parameters (MoE: every expert).
+        active_params: parameters used per token (MoE: shared + top-k experts).
+        layers: transformer layers that keep a KV cache.
+        q_heads: attention query heads; kv_heads: KV heads (GQA); head_dim: head size.
+        bytes_per_param: weight precision (2 for bf16, 1 for fp8).
+        bytes_per_kv: KV-cache element size in bytes.
+    """
+
+    name: str
+    total_params: float
+    active_params: float
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_param: float = 2.0
+    bytes_per_kv: float = 2.0
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V for every layer: 2 * layers * kv_heads * head_dim * bytes."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv
+
+
+HARDWARE: dict[str, HardwareProfile] = {
+    # Dense BF16 tensor-core peak and HBM bandwidth from the vendors' data sheets.
+    "H200": HardwareProfile("H200", 989e12, 4.8e12, 141e9),
+    "H100": HardwareProfile("H100", 989e12, 3.35e12, 80e9),
+}
+"""Named accelerator profiles (per GPU)."""
+
+MODELS: dict[str, ModelShape] = {
+    # Shapes "like" the paper's models; the layer/head counts are assumptions typical of
+    # MoE models of that size (the paper does not give them).
+    "step3.7-like": ModelShape("step3.7-like", 196e9, 11e9, layers=48, q_heads=64, kv_heads=8, head_dim=128),
+    "qwen3.6-like": ModelShape("qwen3.6-like", 35e9, 3e9, layers=40, q_heads=32, kv_heads=8, head_dim=128),
+    "smollm2-135m": ModelShape(
+        "smollm2-135m", 135e6, 135e6, layers=30, q_heads=9, kv_heads=3, head_dim=64, bytes_per_param=4, bytes_per_kv=4
+    ),
+}
+"""Named model shapes."""
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Analytic step time: max(compute time, memory time) + a fixed per-step overhead.
+
+    compute = 2 * active_params * tokens + 4 * layers * q_heads * head_dim * attended
+    memory  = weight bytes touched + KV bytes read
+    where tokens = prefill_tokens + decode_seqs and attended = context_tokens. For MoE the
+    weights touched in a step grow with the tokens in it: each expert parameter is read
+    if at least one token routes to it, 1 - (1 - active/total)^tokens of them.
+
+    Attributes:
+        mfu, mbu: achievable fraction of peak FLOP/s and of bandwidth.
+        overhead_s: per-step fixed cost (scheduling, sampling, TP all-reduce latency).
+    """
+
+    model: ModelShape
+    hardware: HardwareProfile
+    tp: int = 1
+    mfu: float = 0.45
+    mbu: float = 0.7
+    overhead_s: float = 0.004
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        """Seconds for one step; all arguments are counts (tokens / sequences / tokens)."""
+        m = self.model
+        tokens = prefill_tokens + decode_seqs
+        if tokens <= 0:
+            return 0.0
+        flops = 2.0 * m.active_params * tokens + 4.0 * m.layers * m.q_heads * m.head_dim * context_tokens
+        expert_params = m.total_params - m.active_params
+        touched_frac = 1.0 - (1.0 - m.active_params / m.total_params) ** tokens if expert_params > 0 else 1.0
+        weight_bytes = m.bytes_per_param * (m.active_params + expert_params * touched_frac)
+        kv_bytes = m.kv_bytes_per_token * context_tokens
+        compute_s = flops / (self.tp * self.hardware.flops_per_s * self.mfu)
+        memory_s = (weight_bytes + kv_bytes) / (self.tp * self.hardware.mem_bw_bytes_per_s * self.mbu)
+        return self.overhead_s + max(compute_s, memory_s)
+
+
+@dataclass(frozen=True)
+class LinearStepCost:
+    """Fitted step time: c0 + c_prefill*prefill_tokens + c_decode*decode_seqs + c_context*context_tokens (s)."""
+
+    c0_s: float
+    c_prefill_s: float
+    c_decode_s: float
+    c_context_s: float = 0.0
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        """Seconds for one step (counts as in :meth:`RooflineCost.step_time_s`)."""
+        if prefill_tokens + decode_seqs <= 0:
+            return 0.0
+        return (
+            self.c0_s
+            + self.c_prefill_s * prefill_tokens
+            + self.c_decode_s * decode_seqs
+            + self.c_context_s * context_tokens
+        )
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured engine step (or a run of identical steps): its batch and its time."""
+
+    prefill_tokens: int
+    decode_seqs: int
+    context_tokens: int
+    step_time_s: float
+
+
+def fit_linear_step_cost(samples: list[StepSample], fit_context: bool = True) -> LinearStepCost:
+    """Least-squares fit of :class:`LinearStepCost` to measured steps.
+
+    Args:
+        samples: at least 3 (4 with ``fit_context``) measured steps.
+        fit_context: also fit the per-context-token term; without it c_context is 0.
+
+    Coefficients are constrained to be >= 0 by refitting without any that come out
+    negative (a negative cost per token would make long batches faster).
+
+    Raises:
+        SimError: too few samples, or a non-positive step time.
+    """
+    cols = ["c0_s", "c_prefill_s", "c_decode_s"] + (["c_context_s"] if fit_context else [])
+    if len(samples) < len(cols):
+        raise SimError(f"fit_linear_step_cost needs at least {len(cols)} samples, got {len(samples)}")
+    if any(s.step_time_s <= 0 for s in samples):
+        raise SimError("fit_linear_step_cost: every sample needs step_time_s > 0")
+    x_all = np.array(
+        [[1.0, s.prefill_tokens, s.decode_seqs, s.context_tokens][: len(cols)] for s in samples], dtype=float
+    )
+    y = np.array([s.step_time_s for s in samples], dtype=float)
+    keep = list(range(len(cols)))
+    while True:
+        coef, *_ = np.linalg.lstsq(x_all[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    values = dict.fromkeys(cols, 0.0)
+    for j, c in zip(keep, coef):
+        values[cols[j]] = float(max(c, 0.0))
+    return LinearStepCost(**values)
+
+
+def cpu_smollm2_samples() -> list[StepSample]:
+    """Steps implied by the real-vLLM CPU measurements (shared/notes/vllm-cpu.md, 1 core compiled).
+
+    - 1 stream, 128-token outputs: 11.5 tok/s -> one decode step of 1 sequence = 1/11.5 s.
+    - 16 streams: 79.5 tok/s -> one step of 16 sequences = 16/79.5 s.
+    - 1,000-token prompt, cold: TTFT 5.08 s (1,000 prefill tokens).
+    - the same prompt again: 896 tokens hit, TTFT 0.65 s (104 prefill tokens over 1,000 of context).
+    Decode contexts are taken at mid-output (prompt ~30 + 64 tokens).
+    """
+    return [
+        StepSample(0, 1, 94, 1 / 11.5),
+        StepSample(0, 16, 16 * 94, 16 / 79.5),
+        StepSample(1000, 0, 1000, 5.08),
+        StepSample(104, 0, 1000, 0.65),
+    ]
+
+
+def cpu_smollm2_cost() -> LinearStepCost:
+    """The first CPU profile: SmolLM2-135M fp32 on one core, fitted to :func:`cpu_smollm2_samples`."""
+    return fit_linear_step_cost(cpu_smollm2_samples())
+
+
+def kv_blocks_for(model: ModelShape, hardware: HardwareProfile, tp: int, block_size: int,
+                  gpu_memory_utilization: float = 0.9) -> int:
+    """KV blocks one replica holds: (tp * mem * util - weights) / (block_size * kv bytes per token).
+
+    Raises:
+        SimError: the weights do not fit in the replica's memory.
+    """
+    free = tp * hardware.mem_bytes * gpu_memory_utilization - model.total_params * model.bytes_per_param
+    if free <= 0:
+        raise SimError(
+            f"model {model.name} ({model.total_params:.3g} params) does not fit on {tp} x {hardware.name}; "
+            "raise tp or choose a smaller model"
+        )
+    return int(math.floor(free / (block_size * model.kv_bytes_per_token)))

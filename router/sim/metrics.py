@@ -1,0 +1,137 @@
+"""What a run measured: the paper's serving metrics over a fixed window, and a timeline.
+
+Metrics (MISA-T section 5): complete samples/min (units whose every request finished,
+Eq. 4), requests/min, prefix hit rate (hit / queried prompt tokens, from the engines'
+counters), effective prefill tokens/s (prompt tokens of finished requests, hits
+included), decode tokens/s, consumed mixture and its total-variation distance to the
+target (D_TV = 1/2 ||p - q||_1), per-class p50/p95 unit completion time (release to
+last request done).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from router.sim.engine import SimRequest
+    from router.sim.simulator import Simulation
+
+
+def tv_distance(p: Mapping[str, float], q: Mapping[str, float]) -> float:
+    """D_TV(p, q) = 1/2 sum_b |p_b - q_b| over the union of classes (inputs need not sum to 1)."""
+    sp, sq = sum(p.values()) or 1.0, sum(q.values()) or 1.0
+    return 0.5 * sum(abs(p.get(b, 0.0) / sp - q.get(b, 0.0) / sq) for b in set(p) | set(q))
+
+
+class RequestLog:
+    """Per-request and per-session records the simulator appends to while it runs."""
+
+    def __init__(self) -> None:
+        self.finished_s: list[float] = []
+        self.prompt_tokens: list[int] = []
+        self.hit_tokens: list[int] = []
+        self.output_tokens: list[int] = []
+        self.agent_model_s = 0.0
+        self.agent_gap_s = 0.0
+        self.admits = 0
+        self._last_counters: list[tuple[int, int]] | None = None
+
+    def admitted(self, sreq: SimRequest, now: float) -> None:
+        """A request was admitted at ``now``."""
+        self.admits += 1
+
+    def finished(self, sreq: SimRequest, now: float) -> None:
+        """A request finished at ``now``."""
+        self.finished_s.append(now)
+        self.prompt_tokens.append(sreq.prompt_tokens)
+        self.hit_tokens.append(sreq.hit_tokens)
+        self.output_tokens.append(sreq.output_tokens)
+
+    def session_done(self, workload_class: str, model_s: float, gap_s: float) -> None:
+        """A session ended after ``model_s`` seconds in model requests and ``gap_s`` in tool gaps."""
+        if workload_class == "agent":
+            self.agent_model_s += model_s
+            self.agent_gap_s += gap_s
+
+    def timeline_sample(self, sim: Simulation) -> dict:
+        """One timeline point: time, KV usage, hit rate since the last point, mixture, backlog, caps."""
+        counters = [(e.counters.prefix_queries_tokens, e.counters.prefix_hits_tokens) for e in sim.engines]
+        last = self._last_counters or [(0, 0)] * len(counters)
+        dq = sum(c[0] - l[0] for c, l in zip(counters, last))
+        dh = sum(c[1] - l[1] for c, l in zip(counters, last))
+        self._last_counters = counters
+        done = dict(sim.trainer.completed)
+        total = sum(done.values())
+        return {
+            "t_s": sim.now,
+            "kv_usage": [round(e.kv.usage, 4) for e in sim.engines],
+            "running": [len(e.running) for e in sim.engines],
+            "waiting": [len(e.waiting) for e in sim.engines],
+            "hit_rate": dh / dq if dq else None,
+            "completed": done,
+            "mixture": {b: n / total for b, n in done.items()} if total else {},
+            "backlog": sim.trainer.backlog(),
+            "in_flight_units": sim.trainer.in_flight,
+            "caps": policy_caps(sim.policy.state()),
+        }
+
+
+def policy_caps(state: object, prefix: str = "") -> dict[str, float]:
+    """Numeric entries of a policy's ``state()`` whose key path mentions "cap" (flattened with '.')."""
+    out: dict[str, float] = {}
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, bool):
+                continue
+            if isinstance(v, (int, float)) and "cap" in path.lower():
+                out[path] = float(v)
+            elif isinstance(v, Mapping):
+                out.update(policy_caps(v, path))
+    return out
+
+
+def summarize(sim: Simulation, n_events: int) -> dict:
+    """The run's metrics over its window [start, stop] (see module docstring)."""
+    t0, t1 = sim._window["start"], sim._window["stop"]
+    dur_s = max(t1 - t0, 1e-9)
+    c0, c1 = sim._window_counters["start"], sim._window_counters["stop"]
+    dq = sum(b[0] - a[0] for a, b in zip(c0, c1))
+    dh = sum(b[1] - a[1] for a, b in zip(c0, c1))
+    dgen = sum(b[2] - a[2] for a, b in zip(c0, c1))
+    dbusy = sum(b[3] - a[3] for a, b in zip(c0, c1))
+    dpre = sum(b[4] - a[4] for a, b in zip(c0, c1))
+    fin = np.asarray(sim.log.finished_s)
+    in_win = (fin >= t0) & (fin <= t1)
+    prompts = np.asarray(sim.log.prompt_tokens)
+    units = [u for u in sim.trainer.units.values() if u.completed_s is not None and t0 <= u.completed_s <= t1]
+    per_class: dict[str, list[float]] = {}
+    for u in units:
+        per_class.setdefault(u.workload_class, []).append(u.completed_s - u.released_s)
+    consumed = {b: len(per_class.get(b, [])) for b in sim.trainer.rho}
+    n_units = sum(consumed.values())
+    gap, model = sim.log.agent_gap_s, sim.log.agent_model_s
+    return {
+        "window_s": [t0, t1],
+        "samples_per_min": n_units / dur_s * 60,
+        "requests_per_min": float(in_win.sum()) / dur_s * 60,
+        "prefix_hit_rate": dh / dq if dq else 0.0,
+        "prefill_tok_s": float(prompts[in_win].sum()) / dur_s if len(prompts) else 0.0,
+        "decode_tok_s": dgen / dur_s,
+        "consumed_mixture": {b: n / n_units if n_units else 0.0 for b, n in consumed.items()},
+        "tv_distance": tv_distance({b: float(n) for b, n in consumed.items()}, sim.trainer.rho) if n_units else 1.0,
+        "completion_s": {
+            b: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))} for b, v in per_class.items()
+        },
+        "engine_busy_frac": dbusy / (dur_s * len(sim.engines)),
+        "preemptions": int(dpre),
+        "agent_tool_gap_share": gap / (gap + model) if gap + model else 0.0,
+        "units_released": sum(sim.trainer.released.values()),
+        "units_completed": sum(sim.trainer.completed.values()),
+        "requests_finished": len(fin),
+        "sim_end_s": sim.now,
+        "events": n_events,
+    }

@@ -1,0 +1,402 @@
+"""The discrete-event loop: trainer -> policy (decide / observe) -> engines, on one clock.
+
+The simulator is a transport, like the live router: it builds ``Request`` values, asks
+the policy ``decide(request, view, now)``, re-asks held requests after their
+``recheck_after_s``, forwards admitted ones to an :class:`~router.sim.engine.Engine`,
+and feeds the policy the same events the live router does (RequestStarted,
+RequestFinished, SessionEnded, KV events, periodic MetricsSampled like a scrape), with a
+configurable delay and loss for signals.
+
+Events live in one heap ordered by (time, sequence). An engine step is one event; a
+multi-step decode chunk is one event that a new arrival can move earlier (a stale step
+event is recognised by its sequence number and skipped).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from router.policies.base import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    ClusterView,
+    Hold,
+    InstanceMetrics,
+    InstanceView,
+    MetricsSampled,
+    Policy,
+    Request,
+    RequestFinished,
+    RequestStarted,
+    SessionEnded,
+)
+from router.prefix_index import chain_hashes
+from router.sim.block_hashes import SessionChain
+from router.sim.engine import Engine, EngineConfig, SimRequest
+from router.sim.errors import SimError
+from router.sim.metrics import RequestLog, summarize
+from router.sim.trace import TraceSession
+from router.sim.trainer import Trainer
+
+_ARRIVE, _RECHECK, _STEP, _SCRAPE, _DELIVER, _TICK, _SYNC = range(7)
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    """How the policy hears from the engines (the transport's signal path).
+
+    Attributes:
+        scrape_period_s: metrics scrape period.
+        metrics_delay_s / kv_event_delay_s: delivery delay of a sample / a KV event batch.
+        metrics_loss / kv_event_loss: probability a sample / a KV event batch is lost.
+    """
+
+    scrape_period_s: float = 1.0
+    metrics_delay_s: float = 0.0
+    kv_event_delay_s: float = 0.0
+    metrics_loss: float = 0.0
+    kv_event_loss: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkloadShift:
+    """A mid-run change of the workload (experiment 5): units released from ``at_s`` on have
+    rlvr outputs x ``rlvr_output_factor`` (clipped to the context limit) and agent tool
+    gaps x ``agent_tool_gap_factor``."""
+
+    at_s: float
+    rlvr_output_factor: float = 1.0
+    agent_tool_gap_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulation run.
+
+    Attributes:
+        instances: engine replicas; engine: their config; cost: their step-time model.
+        mixture: the trainer's target rho; ceiling: its outer concurrency (units in flight).
+        signals: signal delay and loss.
+        context_limit_tokens: prompt + output limit (the requests' max_tokens).
+        warmup_frac: the measurement window starts when this fraction of the units the
+            trainer will release has been released; it ends when the trainer stops.
+        timeline_period_s: period of the timeline samples (plots).
+        min_recheck_s: floor on a Hold's recheck delay (a 0 would stall the clock).
+        horizon_s: stop the run at this simulated time (None: when all units finished).
+        weight_sync_period_s: reset every engine's prefix cache this often (None: never).
+        shift: optional workload shift.
+        seed: RNG seed of signal loss.
+    """
+
+    instances: int
+    engine: EngineConfig
+    cost: Any
+    mixture: dict[str, float]
+    ceiling: int
+    signals: SignalConfig = SignalConfig()
+    context_limit_tokens: int = 131072
+    warmup_frac: float = 0.1
+    timeline_period_s: float = 30.0
+    min_recheck_s: float = 0.05
+    horizon_s: float | None = None
+    weight_sync_period_s: float | None = None
+    shift: WorkloadShift | None = None
+    seed: int = 0
+
+
+@dataclass
+class _SessionRun:
+    trace: TraceSession
+    chain: SessionChain | None
+    turn: int = 0
+    model_s: float = 0.0
+    gap_s: float = 0.0
+    gap_factor: float = 1.0
+    output_factor: float = 1.0
+
+
+@dataclass
+class SimResult:
+    """What one run produced: ``summary`` (metrics of the window), ``timeline`` (samples)."""
+
+    summary: dict
+    timeline: list[dict] = field(default_factory=list)
+
+
+class Simulation:
+    """One run of ``sessions`` under ``policy``.
+
+    Args:
+        config: :class:`SimConfig`.
+        sessions: the trace (from :func:`router.sim.workload.generate_trace` or
+            :func:`router.sim.trace.read_trace`).
+        policy: any object with the Policy protocol (from ``make_policy``).
+
+    Raises:
+        SimError: a recorded trace whose ``block_size`` differs from the engines'.
+    """
+
+    def __init__(self, config: SimConfig, sessions: list[TraceSession], policy: Policy) -> None:
+        self.cfg = config
+        self.policy = policy
+        bs = config.engine.block_size
+        for s in sessions:
+            for r in s.requests:
+                if r.prompt_hashes is not None and r.block_size != bs:
+                    raise SimError(
+                        f"session {s.session_id!r} turn {r.turn}: prompt_hashes use block_size {r.block_size} "
+                        f"but the engines use {bs}; set engine.block_size to match the trace"
+                    )
+        self.engines = [Engine(f"engine-{i}", config.engine, config.cost) for i in range(config.instances)]
+        self.by_name = {e.instance: e for e in self.engines}
+        self.trainer = Trainer(sessions, config.mixture, config.ceiling)
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self._step_seq = [0] * len(self.engines)
+        self._in_flight = {e.instance: 0 for e in self.engines}
+        self._latest: dict[str, tuple[InstanceMetrics, float]] = {}
+        self._rng = random.Random(config.seed)
+        self._shared_chains: dict = {}
+        self._keys: dict[str, int] = {}
+        self.log = RequestLog()
+        self.timeline: list[dict] = []
+        self._runs: dict[str, _SessionRun] = {}
+        self._window: dict[str, float] = {}
+        self._window_counters: dict[str, list] = {}
+        total = self.trainer.releasable_units()
+        self._warmup_units = max(1, int(config.warmup_frac * total))
+
+    # ------------------------------------------------------------------ heap
+    def _push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, a, b))
+
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        """Run to the end; ``progress(fraction_of_units_done)`` is called now and then."""
+        self._release()
+        self._push(0.0, _SCRAPE)
+        self._push(0.0, _TICK)
+        if self.cfg.weight_sync_period_s:
+            self._push(self.cfg.weight_sync_period_s, _SYNC)
+        handlers = {
+            _ARRIVE: self._on_arrive, _RECHECK: self._on_recheck, _STEP: self._on_step,
+            _SCRAPE: self._on_scrape, _DELIVER: self._on_deliver, _TICK: self._on_tick, _SYNC: self._on_sync,
+        }
+        horizon = self.cfg.horizon_s
+        n_events = 0
+        total_units = max(1, self.trainer.releasable_units())
+        heap = self._heap
+        while heap and not self.trainer.done:
+            t, _, kind, a, b = heapq.heappop(heap)
+            if horizon is not None and t > horizon:
+                break
+            self.now = t
+            handlers[kind](a, b)
+            n_events += 1
+            if progress is not None and n_events % 20000 == 0:
+                progress(sum(self.trainer.completed.values()) / total_units)
+        if "start" not in self._window:
+            self._mark_window("start")
+        if "stop" not in self._window:
+            self._mark_window("stop")
+        self.timeline.append(self.log.timeline_sample(self))
+        summary = summarize(self, n_events)
+        return SimResult(summary, self.timeline)
+
+    # ------------------------------------------------------------------ trainer
+    def _release(self) -> None:
+        was_stopped = self.trainer.stopped_s is not None
+        for s in self.trainer.release(self.now):
+            run = _SessionRun(s, self._chain_for(s))
+            shift = self.cfg.shift
+            if shift is not None and self.now >= shift.at_s:
+                if s.workload_class == "rlvr":
+                    run.output_factor = shift.rlvr_output_factor
+                if s.workload_class == "agent":
+                    run.gap_factor = shift.agent_tool_gap_factor
+            self._runs[s.session_id] = run
+            self._push(self.now, _ARRIVE, run)
+        released = sum(self.trainer.released.values())
+        if "start" not in self._window and released >= self._warmup_units:
+            self._mark_window("start")
+        if not was_stopped and self.trainer.stopped_s is not None:
+            self._mark_window("stop")
+
+    def _mark_window(self, edge: str) -> None:
+        self._window[edge] = self.now
+        self._window_counters[edge] = [
+            (e.counters.prefix_queries_tokens, e.counters.prefix_hits_tokens, e.counters.generation_tokens,
+             e.counters.busy_s, e.counters.preemptions) for e in self.engines
+        ]
+
+    def _key(self, name: str) -> int:
+        k = self._keys.get(name)
+        if k is None:
+            k = self._keys[name] = len(self._keys) + 1
+        return k
+
+    def _chain_for(self, s: TraceSession) -> SessionChain:
+        r0 = s.requests[0]
+        return SessionChain(
+            self._key("c:" + s.workload_class), self._key("g:" + (s.group_id or s.session_id)),
+            self._key("s:" + s.session_id), r0.class_prefix_tokens, r0.group_prefix_tokens,
+            self.cfg.engine.block_size, self._shared_chains,
+        )
+
+    # ------------------------------------------------------------------ requests
+    def _make_request(self, run: _SessionRun) -> SimRequest:
+        rec = run.trace.requests[run.turn]
+        bs = self.cfg.engine.block_size
+        limit = self.cfg.context_limit_tokens
+        output = rec.output_tokens
+        if run.output_factor != 1.0:
+            output = int(min(max(1, round(output * run.output_factor)), limit - rec.prompt_tokens))
+        n_prompt_blocks = rec.prompt_tokens // bs
+        n_stream_blocks = (rec.prompt_tokens + output) // bs
+        if rec.prompt_hashes is not None:
+            # Recorded trace: the prompt's hashes as recorded; output blocks continue the
+            # session's own chain from there.
+            head = list(rec.prompt_hashes[:n_prompt_blocks])
+            tail = chain_hashes([self._key(f"o:{rec.session_id}:{rec.turn}:{i}") for i in range(
+                n_stream_blocks - len(head))], 1, parent=head[-1] if head else None)
+            stream = head + tail
+        else:
+            stream = run.chain.blocks(n_stream_blocks)[:n_stream_blocks]
+        s = run.trace
+        req = Request(
+            request_id=f"{s.session_id}#{rec.turn}", session_id=s.session_id, workload_class=s.workload_class,
+            group_id=s.group_id, unit_id=s.unit_id, session_end=bool(rec.session_end),
+            prompt_tokens=rec.prompt_tokens, block_hashes=tuple(stream[:n_prompt_blocks]),
+            max_tokens=max(1, limit - rec.prompt_tokens), arrival_s=self.now,
+        )
+        return SimRequest(req, output, stream)
+
+    def _view(self) -> ClusterView:
+        now = self.now
+        views = []
+        for e in self.engines:
+            latest = self._latest.get(e.instance)
+            views.append(InstanceView(
+                e.instance, True, self._in_flight[e.instance],
+                latest[0] if latest else None, now - latest[1] if latest else None,
+            ))
+        return ClusterView(tuple(views))
+
+    def _on_arrive(self, run: _SessionRun, _b: Any) -> None:
+        self._decide(self._make_request(run))
+
+    def _on_recheck(self, sreq: SimRequest, _b: Any) -> None:
+        self._decide(sreq)
+
+    def _decide(self, sreq: SimRequest) -> None:
+        decision = self.policy.decide(sreq.request, self._view(), self.now)
+        if isinstance(decision, Hold):
+            self._push(self.now + max(decision.recheck_after_s, self.cfg.min_recheck_s), _RECHECK, sreq)
+            return
+        engine = self.by_name.get(decision.instance)
+        if engine is None:
+            raise SimError(f"policy {self.policy.name!r} admitted on unknown instance {decision.instance!r}")
+        self.policy.observe(RequestStarted(sreq.request, engine.instance, self.now))
+        self._in_flight[engine.instance] += 1
+        sreq.start_s = self.now
+        self.log.admitted(sreq, self.now)
+        engine.add(sreq)
+        i = self.engines.index(engine)
+        if not engine.busy:
+            self._schedule(i)
+        else:
+            end = engine.interrupt(self.now)
+            if end is not None:
+                self._step_seq[i] += 1
+                self._push(end, _STEP, i, self._step_seq[i])
+
+    def _schedule(self, i: int) -> None:
+        engine = self.engines[i]
+        end = engine.schedule(self.now)
+        self._publish_kv(engine)
+        if end is not None:
+            self._step_seq[i] += 1
+            self._push(end, _STEP, i, self._step_seq[i])
+
+    def _on_step(self, i: int, seq: int) -> None:
+        if seq != self._step_seq[i]:
+            return  # superseded by an interrupted chunk's earlier end
+        engine = self.engines[i]
+        finished = engine.complete(self.now)
+        self._publish_kv(engine)
+        for sreq in finished:
+            self._finish(engine, sreq)
+        self._schedule(i)
+
+    def _finish(self, engine: Engine, sreq: SimRequest) -> None:
+        req = sreq.request
+        self._in_flight[engine.instance] -= 1
+        self.policy.observe(RequestFinished(
+            req, engine.instance, self.now, prompt_tokens=req.prompt_tokens,
+            completion_tokens=sreq.output_tokens, cached_tokens=sreq.hit_tokens,
+        ))
+        self.log.finished(sreq, self.now)
+        run = self._runs[req.session_id]
+        run.model_s += self.now - req.arrival_s
+        if req.session_end:
+            self.policy.observe(SessionEnded(req.session_id, self.now))
+            del self._runs[req.session_id]
+            self.trainer.complete(run.trace.unit_id, self.now)
+            self.log.session_done(run.trace.workload_class, run.model_s, run.gap_s)
+            self._release()
+        else:
+            gap = run.trace.requests[run.turn].tool_gap_s * run.gap_factor
+            run.gap_s += gap
+            run.turn += 1
+            self._push(self.now + gap, _ARRIVE, run)
+
+    # ------------------------------------------------------------------ signals
+    def _publish_kv(self, engine: Engine) -> None:
+        if not engine.kv.events:
+            return
+        sig = self.cfg.signals
+        for kind, hashes in engine.kv.drain_events():
+            if sig.kv_event_loss and self._rng.random() < sig.kv_event_loss:
+                continue
+            if kind == "stored":
+                ev = BlocksStored(engine.instance, tuple(hashes), self.now)
+            elif kind == "removed":
+                ev = BlocksRemoved(engine.instance, tuple(hashes), self.now)
+            else:
+                ev = AllBlocksCleared(engine.instance, self.now)
+            if sig.kv_event_delay_s > 0:
+                self._push(self.now + sig.kv_event_delay_s, _DELIVER, ev)
+            else:
+                self.policy.observe(ev)
+
+    def _on_scrape(self, _a: Any, _b: Any) -> None:
+        sig = self.cfg.signals
+        for e in self.engines:
+            if sig.metrics_loss and self._rng.random() < sig.metrics_loss:
+                continue
+            ev = MetricsSampled(e.instance, e.metrics(), self.now)
+            if sig.metrics_delay_s > 0:
+                self._push(self.now + sig.metrics_delay_s, _DELIVER, ev)
+            else:
+                self._on_deliver(ev, None)
+        self._push(self.now + sig.scrape_period_s, _SCRAPE)
+
+    def _on_deliver(self, ev: Any, _b: Any) -> None:
+        if isinstance(ev, MetricsSampled):
+            self._latest[ev.instance] = (ev.metrics, ev.now)
+        self.policy.observe(ev)
+
+    def _on_sync(self, _a: Any, _b: Any) -> None:
+        for e in self.engines:
+            e.reset_prefix_cache()
+            self._publish_kv(e)
+        self._push(self.now + self.cfg.weight_sync_period_s, _SYNC)
+
+    def _on_tick(self, _a: Any, _b: Any) -> None:
+        self.timeline.append(self.log.timeline_sample(self))
+        self._push(self.now + self.cfg.timeline_period_s, _TICK)
