@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from router.policies.base import InstanceMetrics
+if TYPE_CHECKING:  # importing router.policies here would be circular (policies use this module)
+    from router.policies.base import InstanceMetrics
 
 
 class BoundedHistory:

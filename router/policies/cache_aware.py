@@ -142,4 +142,5 @@ class CacheAwarePolicy:
             "decisions": dict(self.decisions),
             "tree_chars": self.tree.tenant_sizes_chars(),
             "prefix_index": self.index.state(),
+            "ledger_sizes": {"prefix_index_blocks": len(self.index), "tree_chars": sum(self.tree.tenant_sizes_chars().values())},
         }

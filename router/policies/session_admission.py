@@ -619,17 +619,28 @@ class SessionAdmissionPolicy:
             caps["active"], caps["pending"] = self.ledger.active_count(w), self.ledger.pending_count(w)
             caps["floor_sessions"] = sum(r.floor_admitted for r in self.ledger.protected_sessions(w))
             instances[w] = caps
+        ledger_state = self.ledger.state(now)
         return {
             "policy": self.name,
             "admits": self.stats.admits,
             "holds": self.stats.holds,
             **self.counters,
+            # the service's gauges: {instance: {class or "all": cap}} and {ledger: size}
+            "caps": {w: {"all": c["cap"], **c["class_caps"]} for w, c in instances.items()},
+            "ledger_sizes": {
+                "active": sum(ledger_state["active"].values()),
+                "pending": sum(ledger_state["pending"].values()),
+                "held": len(held),
+                "tracked": ledger_state["sessions_tracked"],
+                "finished": ledger_state["finished_remembered"],
+                "prefix_index_blocks": len(self.index),
+            },
             "held_count": len(held),
             "oldest_hold_age_s": max((now - r.held_since_s for r in held), default=0.0),
             "long_holds": sum(now - r.held_since_s >= self.config.long_hold_s for r in held),
             "floor_sessions": sum(i["floor_sessions"] for i in instances.values()),
             "reference_blocks": self.reference_blocks(),
-            "ledger": self.ledger.state(now),
+            "ledger": ledger_state,
             "instances": instances,
             "prefix_index": self.index.state(),
         }
