@@ -1,0 +1,357 @@
+"""The policy update: load the HF model, GRPO loss, backward, optimizer step.
+
+Two backends behind one API (``LearnerConfig.backend``):
+
+- ``torch``: plain ``torch.optim.AdamW`` on one device (CPU here).
+- ``deepspeed``: a DeepSpeed engine with ZeRO stage 1 or 2 (optimizer state / gradients
+  partitioned across ranks). On CPU set ``DS_ACCELERATOR=cpu``; one process uses the
+  gloo backend (the first run compiles a small op with g++, about a minute). On GPUs the
+  same code runs under the ``deepspeed`` launcher with NCCL.
+
+A step takes a list of finished units (``rl.grpo.TrainSample``), splits it into
+micro-batches whose losses add up to the full-batch loss (gradient accumulation), and
+takes one optimizer step; the policy version then rises by one.
+
+Weights for the engines are written by ``save_weights`` as safetensors (the tied
+``lm_head`` left out, as vLLM expects); ``save_checkpoint``/``load_checkpoint`` keep
+model, optimizer, version and a JSON-able dict from the caller (sampler and mixture
+ledger state) in one folder, replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+
+from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, aggregate_loss, collate,
+                     masked_mean, policy_loss_per_token, token_log_probs)
+
+WEIGHTS_FILE = "model.safetensors"
+STATE_FILE = "trainer_state.json"
+
+
+class LearnerError(RuntimeError):
+    """The learner could not load, train or checkpoint; the message says what to do."""
+
+
+@dataclass
+class LearnerConfig:
+    """Options of the policy update.
+
+    Attributes:
+        backend: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO).
+        zero_stage: 1 or 2 (``deepspeed`` only).
+        device: ``cpu``, ``cuda`` or ``auto`` (cuda when available).
+        dtype: parameter dtype (float32 on CPU: bf16 is about 3x slower there).
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        max_grad_norm: clip the global gradient norm to this (0 = no clipping).
+        micro_batch_size: sequences per forward/backward.
+        gradient_checkpointing: recompute activations in backward (less memory).
+        loss: the GRPO loss options.
+    """
+
+    backend: Literal["torch", "deepspeed"] = "torch"
+    zero_stage: int = 1
+    device: str = "auto"
+    dtype: str = "float32"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 4
+    gradient_checkpointing: bool = False
+    loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("torch", "deepspeed"):
+            raise LearnerError(f"learner.backend={self.backend!r}: choose torch or deepspeed")
+        if self.backend == "deepspeed" and self.zero_stage not in (1, 2):
+            raise LearnerError(f"learner.zero_stage={self.zero_stage}: choose 1 or 2 (stage 3 "
+                               "shards parameters, which the weight sync does not gather)")
+        if self.micro_batch_size < 1 or self.lr <= 0:
+            raise LearnerError("learner.micro_batch_size must be >= 1 and learner.lr > 0")
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise LearnerError(f"learner.device={name} but no CUDA device is visible; use cpu")
+    return torch.device(name)
+
+
+def _init_single_process_group(backend: str) -> None:
+    """torch.distributed with world size 1 when no launcher set it up."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        from rollout.process import free_port
+        os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+class Learner:
+    """Policy model + optimizer; one ``step`` per GRPO update.
+
+    Args:
+        model_path: local HF folder (config.json, safetensors, tokenizer).
+        cfg: options.
+
+    Attributes:
+        version: policy version, 0 at load, +1 per ``step``.
+
+    Raises:
+        LearnerError: the folder cannot be loaded, or DeepSpeed is asked for on CPU
+            without ``DS_ACCELERATOR=cpu``.
+    """
+
+    def __init__(self, model_path: str | Path, cfg: LearnerConfig | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg or LearnerConfig()
+        self.model_path = str(model_path)
+        self.device = _resolve_device(self.cfg.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=getattr(torch, self.cfg.dtype))
+        except (OSError, ValueError) as e:
+            raise LearnerError(f"cannot load the policy model from {self.model_path}: {e}. "
+                               "Give a Hugging Face model folder (see rollout/model.py).") from None
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        self.pad_token_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                             else self.tokenizer.eos_token_id)
+        self.version = 0
+        model.to(self.device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
+                                weight_decay=self.cfg.weight_decay)
+        self._engine = None
+        if self.cfg.backend == "deepspeed":
+            self._engine = self._deepspeed_engine(model, opt)
+            self.model = self._engine.module
+            self.optimizer = self._engine.optimizer
+        else:
+            self.model, self.optimizer = model, opt
+
+    # ------------------------------------------------------------------ deepspeed
+
+    def _deepspeed_engine(self, model: torch.nn.Module, opt: torch.optim.Optimizer):
+        if self.device.type == "cpu" and os.environ.get("DS_ACCELERATOR") != "cpu":
+            raise LearnerError("learner.backend=deepspeed on CPU needs the environment "
+                               "variable DS_ACCELERATOR=cpu set before the process starts")
+        import deepspeed
+
+        _init_single_process_group("gloo" if self.device.type == "cpu" else "nccl")
+        ds_config = {
+            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
+            # The learner owns accumulation: every micro-batch loss is already scaled to
+            # the full batch, and the boundary is set by hand (set_gradient_accumulation_boundary).
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": self.cfg.max_grad_norm,
+            "zero_optimization": {"stage": self.cfg.zero_stage},
+            "bf16": {"enabled": self.cfg.dtype == "bfloat16"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
+        return engine
+
+    # ------------------------------------------------------------------ forward
+
+    def _logp(self, mb: TrainBatch) -> torch.Tensor:
+        module = self._engine if self._engine is not None else self.model
+        logits = module(input_ids=mb.input_ids.to(self.device),
+                        attention_mask=mb.attention_mask.to(self.device)).logits
+        return token_log_probs(logits, mb.input_ids.to(self.device))
+
+    @torch.no_grad()
+    def log_probs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """The current policy's log-prob of every completion token of each sample.
+
+        Returns one list per sample, ``len(completion_ids)`` floats each (what the
+        engine's ``old_logprobs`` should match when weights are in sync).
+        """
+        out: list[list[float]] = []
+        mbs = self.cfg.micro_batch_size
+        for i in range(0, len(samples), mbs):
+            chunk = samples[i:i + mbs]
+            batch = collate(chunk, self.pad_token_id)
+            logp = self._logp(batch).cpu()
+            for j, s in enumerate(chunk):
+                p, c = len(s.prompt_ids), len(s.completion_ids)
+                out.append(logp[j, p - 1:p - 1 + c].tolist())
+        return out
+
+    def loss(self, samples: Sequence[TrainSample]) -> float:
+        """The GRPO loss of ``samples`` under the current weights (no update)."""
+        batch = collate(samples, self.pad_token_id)
+        with torch.no_grad():
+            return float(self._batch_loss(batch, len(batch), float(batch.loss_mask.sum()))[0])
+
+    def _batch_loss(self, mb: TrainBatch, n_seqs: int, n_tokens: float):
+        new_logp = self._logp(mb)
+        dev = new_logp.device
+        ref = mb.ref_logp.to(dev) if mb.ref_logp is not None else None
+        per_tok, st = policy_loss_per_token(new_logp, mb.old_logp.to(dev), mb.advantages.to(dev),
+                                            self.cfg.loss, ref)
+        mask = mb.loss_mask.to(dev)
+        return aggregate_loss(per_tok, mask, self.cfg.loss, n_seqs, n_tokens), st, mask
+
+    # ------------------------------------------------------------------ update
+
+    def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One GRPO update on ``samples``; ``version`` += 1.
+
+        Returns stats: ``loss``, ``clip_frac`` (share of loss tokens whose ratio was
+        clipped), ``ratio_mean``, ``kl`` (mean k3), ``grad_norm`` (before clipping; NaN
+        under DeepSpeed), ``num_seqs``, ``num_loss_tokens``, ``step_s``.
+
+        Raises:
+            GRPOError: malformed samples (see ``rl.grpo.TrainSample``).
+        """
+        t0 = time.perf_counter()
+        batch = collate(samples, self.pad_token_id)
+        n_seqs, n_tok = len(batch), float(batch.loss_mask.sum())
+        mbs = self.cfg.micro_batch_size
+        starts = list(range(0, n_seqs, mbs))
+        total_loss, clipped, ratio_sum, kl_sum = 0.0, 0.0, 0.0, 0.0
+        if self._engine is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        for k, s in enumerate(starts):
+            mb = batch.slice(s, min(s + mbs, n_seqs))
+            if self._engine is not None:
+                self._engine.set_gradient_accumulation_boundary(k == len(starts) - 1)
+            loss, st, mask = self._batch_loss(mb, n_seqs, n_tok)
+            if self._engine is not None:
+                self._engine.backward(loss, scale_wrt_gas=False)
+            else:
+                loss.backward()
+            w = float(mask.sum())
+            total_loss += float(loss.detach())
+            clipped += masked_mean(st["clipped"], mask) * w
+            ratio_sum += masked_mean(st["ratio"], mask) * w
+            kl_sum += masked_mean(st["kl"], mask) * w
+        if self._engine is not None:
+            self._engine.step()
+            grad_norm = float("nan")
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(),
+                self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")))
+            self.optimizer.step()
+        self.version += 1
+        d = max(n_tok, 1.0)
+        return {"loss": total_loss, "clip_frac": clipped / d, "ratio_mean": ratio_sum / d,
+                "kl": kl_sum / d, "grad_norm": grad_norm, "num_seqs": float(n_seqs),
+                "num_loss_tokens": n_tok, "step_s": time.perf_counter() - t0}
+
+    # ------------------------------------------------------------------ weights
+
+    def weights_for_sync(self) -> dict[str, torch.Tensor]:
+        """name -> tensor (CPU, contiguous) of the weights an engine loads; a tied
+        ``lm_head.weight`` is left out (the engine ties it to the embeddings)."""
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        return {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()
+                if not (tied and k == "lm_head.weight")}
+
+    def save_weights(self, folder: str | Path) -> Path:
+        """Write ``weights_for_sync()`` as ``folder/model.safetensors`` (atomically:
+        written beside, then renamed) and return the folder."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{WEIGHTS_FILE}.tmp"
+        save_file(self.weights_for_sync(), str(tmp), metadata={"format": "pt",
+                                                                 "policy_version": str(self.version)})
+        tmp.replace(folder / WEIGHTS_FILE)
+        return folder
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, folder: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Save model, optimizer, version and ``extra`` (JSON-able) into ``folder``.
+
+        The checkpoint is written into a sibling temporary folder and renamed into place,
+        so ``folder`` always holds either the old or the new complete checkpoint.
+
+        Raises:
+            LearnerError: ``extra`` is not JSON-serialisable.
+        """
+        folder = Path(folder)
+        try:
+            state_json = json.dumps({"version": self.version, "extra": extra or {},
+                                     "backend": self.cfg.backend})
+        except TypeError as e:
+            raise LearnerError(f"checkpoint extra state is not JSON-serialisable: {e}") from None
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = folder.parent / f".{folder.name}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        if self._engine is not None:
+            self._engine.save_checkpoint(str(tmp), tag="ckpt")
+        else:
+            from safetensors.torch import save_file
+
+            save_file(self.weights_for_sync(), str(tmp / WEIGHTS_FILE))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / STATE_FILE).write_text(state_json)
+        old = folder.parent / f".{folder.name}.old"
+        if folder.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            folder.rename(old)
+        tmp.rename(folder)
+        if old.exists():
+            shutil.rmtree(old)
+        return folder
+
+    def load_checkpoint(self, folder: str | Path) -> dict[str, Any]:
+        """Restore a ``save_checkpoint`` folder; return the caller's ``extra`` dict.
+
+        Raises:
+            LearnerError: no checkpoint there, or it was written by the other backend.
+        """
+        folder = Path(folder)
+        if not (folder / STATE_FILE).is_file():
+            raise LearnerError(f"{folder} holds no checkpoint ({STATE_FILE} missing)")
+        state = json.loads((folder / STATE_FILE).read_text())
+        if state.get("backend") != self.cfg.backend:
+            raise LearnerError(f"checkpoint {folder} was written by backend "
+                               f"{state.get('backend')}, this learner uses {self.cfg.backend}; "
+                               "resume with the same learner.backend")
+        if self._engine is not None:
+            self._engine.load_checkpoint(str(folder), tag="ckpt")
+        else:
+            from safetensors.torch import load_file
+
+            missing, unexpected = self.model.load_state_dict(
+                load_file(str(folder / WEIGHTS_FILE), device=str(self.device)), strict=False)
+            if unexpected or [k for k in missing if k != "lm_head.weight"]:
+                raise LearnerError(f"checkpoint {folder} does not fit this model: missing "
+                                   f"{missing[:3]}, unexpected {unexpected[:3]}")
+            self.model.tie_weights()
+            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt",
+                                                      map_location=self.device))
+        self.version = int(state["version"])
+        return dict(state["extra"])
