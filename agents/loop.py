@@ -1,0 +1,258 @@
+"""The agent loop: model call -> parse tool calls -> run tools in the sandbox -> append the
+observation -> next call, until the agent submits or a turn, token or time limit hits.
+
+``run_episode`` never raises for what the model does; malformed tool calls become
+feedback observations, a failing model endpoint or sandbox ends the episode with a
+status. What it returns (``EpisodeResult``) is what GRPO needs: the token-level
+trajectory with the model-token mask and log-probs, the reward, and per-turn timing
+split into model time and tool time (the KV residency data of MISA-T Table 3).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agents.chat import ChatRenderer, Trajectory
+from agents.envs.task import Task, evaluate
+from agents.model_client import ModelCallError, ModelClient, SessionHeaders
+from agents.toolcall import ToolCallFormat, parse_tool_calls
+from agents.tools import TOOL_SPECS, Observation, Toolbox
+from sandbox import IsolationConfig, Limits, SandboxError, Workspace
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a software engineer fixing a bug in a Python repository. The repository is "
+    "your working directory. Call one tool per answer, written as\n"
+    "<tool_call>\n{{\"name\": TOOL, \"arguments\": {{...}}}}\n</tool_call>\n"
+    "Tools:\n{tools}\nWhen the tests pass, call submit."
+)
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """When an episode stops (besides submit).
+
+    Attributes:
+        max_turns: model calls per episode.
+        max_context_tokens: the whole trajectory must fit (the engine's max_model_len).
+        max_tokens_per_turn: ``max_tokens`` of one model call.
+        min_turn_tokens: a turn is not started with less room than this.
+        max_episode_s: wall-clock limit; checked before each model call.
+    """
+
+    max_turns: int = 10
+    max_context_tokens: int = 2048
+    max_tokens_per_turn: int = 256
+    min_turn_tokens: int = 16
+    max_episode_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Everything fixed for all episodes of a server (Hydra group ``agent_server.episode``)."""
+
+    limits: EpisodeLimits = EpisodeLimits()
+    command_limits: Limits = Limits()
+    test_limits: Limits = Limits(timeout_s=120, cpu_s=120, output_bytes=64 * 1024)
+    isolation: IsolationConfig = IsolationConfig()
+    tool_format: ToolCallFormat = ToolCallFormat()
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_observation_chars: int = 2000
+    workspace_root: str | None = None
+    close_session_with_request: bool = True
+
+
+@dataclass
+class TurnRecord:
+    """One model turn and the tools it called.
+
+    Attributes:
+        prompt_tokens: trajectory length sent as this call's prompt.
+        completion_tokens: tokens the model produced.
+        model_s: seconds of the model call (router hold + queue + prefill + decode).
+        tool_s: seconds from the end of this call to the start of the next one (tool
+            runs, parsing, rendering: the "tool/orchestration gap" of MISA-T Table 3);
+            for the last turn, until the episode's last tool finished.
+        tool_calls: names of the tools called (parsed successfully).
+        problems: feedback given for malformed tool calls.
+        finish_reason: the engine's (``stop``/``length``).
+        session_end: this call carried ``X-Session-End: 1``.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    model_s: float
+    tool_s: float = 0.0
+    tool_calls: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    finish_reason: str = ""
+    session_end: bool = False
+
+
+@dataclass
+class EpisodeResult:
+    """What one agentic rollout unit returns to the trainer.
+
+    Attributes:
+        session_id, group_id, unit_id, policy_version: identity from the request.
+        instance_id: the task.
+        status: ``submitted``, ``turn_limit``, ``context_limit``, ``time_limit``,
+            ``model_error`` or ``sandbox_error``.
+        reward: 1.0 when the task's tests pass after the episode (MISA-T's agent reward,
+            SWE-bench rule), else 0.0.
+        prompt_token_ids: the first prompt (system + task).
+        response_token_ids: everything after it (model turns and observations).
+        response_mask: 1 for model tokens (trained on), 0 for observation/template tokens.
+        response_logprobs: engine log-prob per response token; None off the mask.
+        turns: per-turn records.
+        model_s, tool_s: sums over turns; residency split of MISA-T Table 3.
+        eval_s: seconds of the reward test run (after the session closed).
+        test_outcomes: node id -> outcome of the reward run.
+        patch: the agent's diff against the snapshot.
+        error: message for model_error / sandbox_error.
+    """
+
+    session_id: str
+    instance_id: str
+    status: str
+    reward: float
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float | None]
+    turns: list[TurnRecord]
+    model_s: float
+    tool_s: float
+    eval_s: float
+    wall_s: float
+    group_id: str | None = None
+    unit_id: str | None = None
+    policy_version: int | None = None
+    test_outcomes: dict[str, str] = field(default_factory=dict)
+    patch: str = ""
+    error: str = ""
+    session_closed_by_extra_request: bool = False
+
+    @property
+    def model_time_fraction(self) -> float:
+        """Share of the session's residency spent in model calls (MISA-T Table 3)."""
+        total = self.model_s + self.tool_s
+        return self.model_s / total if total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the agent server's response body)."""
+        d = asdict(self)
+        d["model_time_fraction"] = self.model_time_fraction
+        return d
+
+
+def tools_prompt(system_prompt: str) -> str:
+    """The system prompt with the tools' JSON schemas filled in."""
+    tools = "\n".join(json.dumps(s.as_json_schema()["function"]) for s in TOOL_SPECS.values())
+    return system_prompt.format(tools=tools)
+
+
+async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
+                      renderer: ChatRenderer, cfg: EpisodeConfig,
+                      policy_version: int | None = None) -> EpisodeResult:
+    """Run one episode of ``task`` to the end and score it.
+
+    Args:
+        task: the SWE-style task (snapshot, tests).
+        session: session/group/unit ids for the router headers.
+        client: model endpoint (the router).
+        renderer: chat template + tokenizer of the served model.
+        cfg: limits, tools, sandbox settings.
+        policy_version: echoed into the result (the trainer's staleness bookkeeping).
+
+    Returns:
+        EpisodeResult; never raises for model, tool-call or sandbox failures.
+    """
+    started = time.monotonic()
+    lim = cfg.limits
+    traj = Trajectory()
+    traj.add_context(renderer.first_prompt(tools_prompt(cfg.system_prompt),
+                                           task.problem_statement))
+    traj.prompt_len = len(traj)
+    turns: list[TurnRecord] = []
+    status, error, reward, outcomes, patch, eval_s = "turn_limit", "", 0.0, {}, "", 0.0
+    last_call_marked = closed_by_extra = False
+    ws: Workspace | None = None
+    try:
+        ws = Workspace.create(task.snapshot, root=cfg.workspace_root,
+                              isolation=cfg.isolation, limits=cfg.command_limits)
+        tools = Toolbox(ws, task, cfg.command_limits, cfg.max_observation_chars)
+        for turn in range(lim.max_turns):
+            room = lim.max_context_tokens - len(traj)
+            if room < lim.min_turn_tokens:
+                status = "context_limit"
+                break
+            if time.monotonic() - started > lim.max_episode_s:
+                status = "time_limit"
+                break
+            last_call_marked = turn + 1 == lim.max_turns
+            completion = await client.complete(
+                traj.token_ids, min(lim.max_tokens_per_turn, room), renderer.end_token_id,
+                session, session_end=last_call_marked)
+            call_done = time.monotonic()
+            record = TurnRecord(len(traj), len(completion.token_ids), completion.model_s,
+                                finish_reason=completion.finish_reason,
+                                session_end=last_call_marked)
+            turns.append(record)
+            traj.add_model(completion.token_ids, completion.logprobs)
+            traj.add_context(renderer.close_model_turn(completion.token_ids))
+            calls, problems = parse_tool_calls(renderer.model_text(completion.token_ids),
+                                               TOOL_SPECS, cfg.tool_format)
+            observations = [p.feedback for p in problems]
+            record.problems = observations[:]
+            submitted = False
+            for call in calls:
+                obs: Observation = await tools.call(call)
+                record.tool_calls.append(call.name)
+                if obs.ends_episode:
+                    submitted = True
+                    break
+                observations.append(obs.text)
+            if submitted:
+                record.tool_s = time.monotonic() - call_done
+                status = "submitted"
+                break
+            if turn + 1 < lim.max_turns:
+                traj.add_context(renderer.observation_turn(observations))
+            record.tool_s = time.monotonic() - call_done
+        if turns and not last_call_marked and cfg.close_session_with_request:
+            # The router closes a session at the request marked X-Session-End. Whether a
+            # call is the last is known only afterwards (the model submitted), so the
+            # session is closed by one extra 1-token call on the final trajectory: its
+            # prefix is cached (cheap) and the router sees the session's true length.
+            try:
+                await client.complete(traj.token_ids[: lim.max_context_tokens - 1], 1,
+                                      renderer.end_token_id, session, session_end=True)
+                closed_by_extra = True
+            except ModelCallError as e:  # the trajectory is complete; only the close failed
+                error = f"session close request failed: {e}"
+        eval_started = time.monotonic()
+        reward, report = await evaluate(ws, task, cfg.test_limits)
+        outcomes, patch = report.outcomes, ws.diff()
+        eval_s = time.monotonic() - eval_started
+    except ModelCallError as e:
+        status, error = "model_error", str(e)
+    except SandboxError as e:
+        status, error = "sandbox_error", str(e)
+    finally:
+        if ws is not None:
+            await ws.destroy()
+    p = traj.prompt_len
+    return EpisodeResult(
+        session_id=session.session_id, instance_id=task.instance_id, status=status,
+        reward=reward, prompt_token_ids=traj.token_ids[:p],
+        response_token_ids=traj.token_ids[p:], response_mask=traj.model_mask[p:],
+        response_logprobs=traj.logprobs[p:], turns=turns,
+        model_s=sum(t.model_s for t in turns), tool_s=sum(t.tool_s for t in turns),
+        eval_s=eval_s, wall_s=time.monotonic() - started, group_id=session.group_id,
+        unit_id=session.unit_id, policy_version=policy_version, test_outcomes=outcomes,
+        patch=patch, error=error,
+        session_closed_by_extra_request=closed_by_extra,
+    )

@@ -1,0 +1,314 @@
+"""The agent server: runs agentic rollout units (episodes) for the trainer over HTTP.
+
+    python -m agents.server router_url=http://127.0.0.1:8000 tasks_path=PATH [port=8100]
+
+Endpoints (JSON):
+- ``POST /v1/episodes/run``: run one episode, answer when it is done (one call per unit).
+- ``POST /v1/episodes``: submit an episode, answer ``202 {"episode_id"}`` at once;
+  ``GET /v1/episodes/{id}?wait_s=30`` long-polls: ``{"state": "queued"|"running"|"done",
+  "result": EpisodeResult | null}``; a done result is dropped after it was fetched.
+- ``GET /v1/tasks``: the instance ids the server can run. ``GET /health``, ``GET /metrics``.
+
+Episode request body: ``instance_id`` (or ``task``: a full SWE-bench instance with a
+``snapshot`` path), and optional ``session_id`` (default: a new id), ``group_id``,
+``unit_id``, ``policy_version``, ``router_url``, ``model``, ``sampling`` (request fields
+such as temperature), ``limits`` (``EpisodeLimits`` fields). Up to
+``max_concurrent_episodes`` run at once; the rest wait in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+from omegaconf import DictConfig, OmegaConf
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, Tokenizer
+from agents.envs.task import Task, TaskError, load_tasks
+from agents.loop import DEFAULT_SYSTEM_PROMPT, EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode
+from agents.model_client import ModelClient, SessionHeaders
+from agents.toolcall import ToolCallFormat
+from sandbox import IsolationConfig, Limits, SandboxError
+
+log = logging.getLogger("agents.server")
+
+HANDMADE_TASKS = Path(__file__).parent / "envs" / "handmade" / "tasks.jsonl"
+
+
+class AgentServerError(ValueError):
+    """Bad agent-server configuration or episode request; the message says what to fix."""
+
+
+def episode_config(cfg: DictConfig) -> EpisodeConfig:
+    """Build the fixed per-episode settings from the server's Hydra config.
+
+    Raises:
+        AgentServerError: an unknown key in a limits group.
+    """
+    def make(cls, node):
+        data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise AgentServerError(f"unknown {cls.__name__} option(s) {sorted(unknown)}; "
+                                   f"known: {sorted(known)}")
+        return cls(**data)
+
+    sb = cfg.sandbox
+    isolation = IsolationConfig(bwrap=sb.bwrap, unsafe_no_isolation=sb.unsafe_no_isolation,
+                                tmp_size_bytes=sb.tmp_size_bytes, uid_base=sb.uid_base)
+    return EpisodeConfig(
+        limits=make(EpisodeLimits, cfg.episode.limits),
+        command_limits=make(Limits, cfg.episode.command_limits),
+        test_limits=make(Limits, cfg.episode.test_limits),
+        isolation=isolation, tool_format=make(ToolCallFormat, cfg.tool_format),
+        system_prompt=cfg.episode.system_prompt or DEFAULT_SYSTEM_PROMPT,
+        max_observation_chars=cfg.episode.max_observation_chars,
+        workspace_root=sb.workspace_root,
+        close_session_with_request=cfg.episode.close_session_with_request,
+    )
+
+
+class AgentService:
+    """Episode bookkeeping behind the HTTP handlers (one per server process).
+
+    Args:
+        cfg: the ``agent_server`` Hydra config.
+    """
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.episode_cfg = episode_config(cfg)
+        self.tasks: dict[str, Task] = {}
+        for path in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
+            if path is None:
+                continue
+            path = HANDMADE_TASKS if path == "handmade" else Path(path)
+            self.tasks.update(load_tasks(path))
+        self.chat_format = ChatFormat(**OmegaConf.to_container(cfg.chat_format, resolve=True))
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._models: dict[str, str] = {}
+        self._sem = asyncio.Semaphore(cfg.max_concurrent_episodes)
+        self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
+                                                          max_keepalive_connections=256))
+        self.episodes: dict[str, dict[str, Any]] = {}
+        reg = self.registry = CollectorRegistry()
+        self.m_running = Gauge("agent_episodes_running", "episodes in their loop", registry=reg)
+        self.m_queued = Gauge("agent_episodes_queued", "episodes waiting for a slot", registry=reg)
+        self.m_done = Counter("agent_episodes_total", "finished episodes", ["status"], registry=reg)
+        self.m_reward = Counter("agent_episode_reward_total", "sum of rewards", registry=reg)
+        self.m_wall = Histogram("agent_episode_seconds", "episode wall time", registry=reg,
+                                buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800))
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    # ------------------------------------------------------------------ requests
+
+    def task_of(self, body: dict[str, Any]) -> Task:
+        """The task an episode request names (``instance_id``) or carries (``task``)."""
+        if "task" in body:
+            try:
+                return Task.from_dict(body["task"])
+            except TaskError as e:
+                raise AgentServerError(str(e)) from None
+        iid = body.get("instance_id")
+        if iid not in self.tasks:
+            raise AgentServerError(f"unknown instance_id {iid!r}: give one of GET /v1/tasks "
+                                   "or a full task object in 'task'.")
+        return self.tasks[iid]
+
+    async def _renderer(self, router_url: str) -> tuple[ChatRenderer, str]:
+        """Renderer and model name for a router (tokenizer from config or /v1/models)."""
+        if router_url not in self._renderers:
+            model = self.cfg.model
+            root = None
+            if model is None or self.cfg.tokenizer is None:
+                try:
+                    resp = await self.http.get(router_url.rstrip("/") + "/v1/models", timeout=30)
+                    entry = resp.json()["data"][0]
+                except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+                    raise AgentServerError(
+                        f"cannot ask {router_url}/v1/models for the served model ({e}); set "
+                        "agent_server model= and tokenizer= explicitly.") from None
+                model = model or entry["id"]
+                root = entry.get("root") or entry["id"]
+            spec = self.cfg.tokenizer or root
+            tok: Tokenizer = ByteTokenizer() if spec == "byte" else await asyncio.to_thread(HFTokenizer, spec)
+            self._renderers[router_url] = ChatRenderer(tok, self.chat_format)
+            self._models[router_url] = model
+        return self._renderers[router_url], self._models[router_url]
+
+    async def run(self, body: dict[str, Any]) -> EpisodeResult:
+        """Run one episode request to the end (waits for a free slot first).
+
+        Raises:
+            AgentServerError: the request is malformed (unknown task, bad limits, no router).
+        """
+        task = self.task_of(body)
+        router_url = body.get("router_url") or self.cfg.router_url
+        if not router_url:
+            raise AgentServerError("no router_url: give it in the request or start the server "
+                                   "with router_url=URL.")
+        try:
+            limits = replace(self.episode_cfg.limits, **(body.get("limits") or {}))
+        except TypeError as e:
+            raise AgentServerError(f"bad 'limits' in request: {e}") from None
+        ep_cfg = replace(self.episode_cfg, limits=limits)
+        renderer, model = await self._renderer(router_url)
+        session = SessionHeaders(session_id=str(body.get("session_id") or f"agent-{uuid.uuid4().hex[:12]}"),
+                                 workload_class=self.cfg.workload_class,
+                                 group_id=body.get("group_id"), unit_id=body.get("unit_id"))
+        client = ModelClient(self.http, router_url, body.get("model") or model,
+                             {**OmegaConf.to_container(self.cfg.sampling), **(body.get("sampling") or {})},
+                             timeout_s=self.cfg.model_timeout_s, retries=self.cfg.model_retries)
+        self.m_queued.inc()
+        async with self._sem:
+            self.m_queued.dec()
+            self.m_running.inc()
+            try:
+                result = await run_episode(task, session, client, renderer, ep_cfg,
+                                           policy_version=body.get("policy_version"))
+            finally:
+                self.m_running.dec()
+        self.m_done.labels(result.status).inc()
+        self.m_reward.inc(result.reward)
+        self.m_wall.observe(result.wall_s)
+        return result
+
+    def submit(self, body: dict[str, Any]) -> str:
+        """Start an episode in the background; returns its id (validation happens first)."""
+        self.task_of(body)
+        eid = str(body.get("session_id") or f"agent-{uuid.uuid4().hex[:12]}")
+        if eid in self.episodes:
+            raise AgentServerError(f"episode {eid!r} already exists; use a new session_id.")
+        body = {**body, "session_id": eid}
+        entry: dict[str, Any] = {"state": "queued", "done": asyncio.Event(), "result": None,
+                                 "error": None, "submitted_at": time.time()}
+
+        async def work() -> None:
+            entry["state"] = "running"
+            try:
+                entry["result"] = (await self.run(body)).to_dict()
+            except AgentServerError as e:
+                entry["error"] = str(e)
+            entry["state"] = "done"
+            entry["done"].set()
+
+        entry["task"] = asyncio.ensure_future(work())
+        self.episodes[eid] = entry
+        return eid
+
+
+# ---------------------------------------------------------------------- HTTP
+
+
+def make_app(service: AgentService) -> web.Application:
+    """The aiohttp application serving ``service``."""
+
+    async def json_body(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(text="body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="body must be a JSON object")
+        return body
+
+    async def run(request: web.Request) -> web.Response:
+        try:
+            result = await service.run(await json_body(request))
+        except AgentServerError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response(result.to_dict())
+
+    async def submit(request: web.Request) -> web.Response:
+        try:
+            eid = service.submit(await json_body(request))
+        except AgentServerError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response({"episode_id": eid}, status=202)
+
+    async def poll(request: web.Request) -> web.Response:
+        eid = request.match_info["eid"]
+        entry = service.episodes.get(eid)
+        if entry is None:
+            return web.json_response({"error": f"no episode {eid!r} (unknown or already fetched)"},
+                                     status=404)
+        wait_s = float(request.query.get("wait_s", "0"))
+        if wait_s > 0 and entry["state"] != "done":
+            try:
+                await asyncio.wait_for(entry["done"].wait(), timeout=min(wait_s, 300))
+            except asyncio.TimeoutError:
+                pass
+        body = {"episode_id": eid, "state": entry["state"], "result": entry["result"],
+                "error": entry["error"]}
+        if entry["state"] == "done":
+            service.episodes.pop(eid, None)
+        return web.json_response(body)
+
+    async def tasks(_request: web.Request) -> web.Response:
+        return web.json_response({"instance_ids": sorted(service.tasks)})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "tasks": len(service.tasks)})
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(service.registry), content_type="text/plain")
+
+    app = web.Application(client_max_size=64 * 1024**2)
+    app.add_routes([web.post("/v1/episodes/run", run), web.post("/v1/episodes", submit),
+                    web.get("/v1/episodes/{eid}", poll), web.get("/v1/tasks", tasks),
+                    web.get("/health", health), web.get("/metrics", metrics)])
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await service.close()
+
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def serve(cfg: DictConfig) -> None:
+    """Check the config, then serve until interrupted.
+
+    Raises:
+        AgentServerError, TaskError, SandboxError: bad configuration (caught in ``main``).
+    """
+    if not cfg.sandbox.unsafe_no_isolation:
+        IsolationConfig(bwrap=cfg.sandbox.bwrap).bwrap_path()
+
+    async def build() -> web.Application:
+        return make_app(AgentService(cfg))
+
+    log.info("agent server on http://%s:%s", cfg.host, cfg.port)
+    web.run_app(build(), host=cfg.host, port=cfg.port, print=None)
+
+
+def main() -> None:
+    """Hydra entry point (``python -m agents.server``); user mistakes print one message."""
+    import sys
+
+    import hydra
+
+    @hydra.main(config_path="../recipes", config_name="agent_server", version_base=None)
+    def _main(cfg: DictConfig) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        try:
+            serve(cfg)
+        except (AgentServerError, TaskError, SandboxError) as e:
+            print(f"agent server: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()
