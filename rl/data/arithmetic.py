@@ -7,7 +7,7 @@ advantage and teaches nothing).
 Levels:
     1. one-digit addition or subtraction (``7 + 5``)
     2. two-digit addition or subtraction (``48 - 19``)
-    3. a product plus a term (``6 * 7 + 12``)
+    3. a two-digit by one-digit product plus a term (``16 * 7 + 12``)
     4. two-step word problem (buy, spend, share)
     5. three-operation expression with parentheses, or a three-step word problem
 """
@@ -45,7 +45,7 @@ def _level2(rng: np.random.Generator) -> tuple[str, int]:
 
 
 def _level3(rng: np.random.Generator) -> tuple[str, int]:
-    a, b = (int(x) for x in rng.integers(2, 13, size=2))
+    a, b = int(rng.integers(11, 30)), int(rng.integers(2, 10))
     c = int(rng.integers(1, 50))
     return f"What is {a} * {b} + {c}?", a * b + c
 

@@ -1,0 +1,158 @@
+"""Prompt domains and rewards: math-verify on right/wrong/formatted answers, the GSM8K
+loader, generator difficulty levels, the code domain's test callable, reward models."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rl.data import (ArithmeticSource, CodeSource, CodeTestsReward, DataError, GSM8KSource,
+                     InstructionSource, extract_program, gsm8k_final_answer, load_gsm8k)
+from rl.data.base import Prompt, user_prompt
+from rl.rewards import (DomainRewards, MathVerifyReward, RewardError, RewardModelScorer,
+                        ZeroShotJudgeScorer)
+
+GSM8K_TEST = "/work/shared/data/gsm8k/test.jsonl"
+
+
+def _math(ref):
+    return Prompt("m/1", "arithmetic", user_prompt("q"), reference=ref)
+
+
+@pytest.mark.parametrize("completion, reward", [
+    ("So the total is \\boxed{72}.", 1.0),
+    ("48 + 24 = 72. The answer is 72", 1.0),
+    ("The answer is $72.0$", 1.0),
+    ("\\boxed{71}", 0.0),
+    ("I am not sure.", 0.0),
+])
+def test_math_verify_reward_on_right_wrong_and_formatted_answers(completion, reward):
+    assert MathVerifyReward()(_math("72"), completion) == reward
+
+
+def test_math_verify_accepts_equivalent_forms():
+    assert MathVerifyReward()(_math("0.5"), "\\boxed{\\frac{1}{2}}") == 1.0
+    assert MathVerifyReward()(_math("1000"), "\\boxed{1,000}") == 1.0
+
+
+def test_math_reward_without_gold_answer_is_an_error():
+    with pytest.raises(RewardError, match="gold"):
+        MathVerifyReward()(Prompt("x", "arithmetic", user_prompt("q")), "1")
+
+
+def test_gsm8k_final_answer_strips_separators_and_needs_marker():
+    assert gsm8k_final_answer("blah\n#### 1,234") == "1234"
+    with pytest.raises(DataError, match="####"):
+        gsm8k_final_answer("no marker")
+
+
+def test_gsm8k_loader_reads_the_real_file():
+    rows = load_gsm8k(GSM8K_TEST)
+    assert len(rows) == 1319
+    assert all(q and a for q, a in rows[:50])
+    src = GSM8KSource(GSM8K_TEST, split="test")
+    p = src.prompt(0)
+    assert p.prompt_id == "gsm8k/test/0" and p.reference == rows[0][1]
+    assert "\\boxed{}" in p.messages[-1]["content"]
+    # the gold answer of the file scores 1 with the math reward
+    assert MathVerifyReward()(p, f"\\boxed{{{p.reference}}}") == 1.0
+
+
+def test_gsm8k_loader_reports_bad_line_number(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps({"question": "q", "answer": "a\n#### 3"}) + "\n{broken\n")
+    with pytest.raises(DataError, match=":2:"):
+        load_gsm8k(f)
+    with pytest.raises(DataError, match="does not exist"):
+        load_gsm8k(tmp_path / "missing.jsonl")
+
+
+def test_arithmetic_levels_are_graded_and_answers_correct():
+    rng = np.random.default_rng(0)
+    for level in range(1, 6):
+        src = ArithmeticSource(levels=(level,))
+        for _ in range(30):
+            p = src.draw(rng)
+            assert p.metadata["difficulty"] == level
+            text = p.messages[-1]["content"]
+            if level <= 3 or "(" in text:  # pure expressions: check the answer by eval
+                expr = text.split("What is ")[1].split("?")[0]
+                assert str(eval(expr)) == p.reference
+            assert int(p.reference) >= 0 or level == 5
+    # harder levels have bigger answers on average
+    means = [np.mean([abs(int(ArithmeticSource(levels=(lv,)).draw(rng).reference))
+                      for _ in range(200)]) for lv in (1, 2, 3)]
+    assert means[0] < means[1] < means[2]
+
+
+def test_arithmetic_rejects_unknown_level():
+    with pytest.raises(DataError, match="levels"):
+        ArithmeticSource(levels=(0, 6))
+
+
+def test_code_reward_runs_extracted_program_through_callable():
+    calls = []
+
+    def run_tests(program, tests):  # a trivial stand-in for the sandbox: exec in a dict
+        calls.append(program)
+        env = {}
+        try:
+            exec(program + "\n" + tests, env)
+            return True
+        except Exception:
+            return False
+
+    p = CodeSource().draw(np.random.default_rng(0))
+    name = p.metadata["entry_point"]
+    reward = CodeTestsReward(run_tests)
+    good = {"add": "def add(a, b):\n    return a + b"}.get(name)
+    assert reward(p, "```python\ndef nope(): pass\n```") == 0.0
+    if good:
+        assert reward(p, f"Here:\n```python\n{good}\n```") == 1.0
+    assert calls[0] == "def nope(): pass"
+
+
+def test_extract_program_takes_last_fenced_block():
+    assert extract_program("a\n```python\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2"
+    assert extract_program("def f(): return 1") == "def f(): return 1"
+
+
+def test_domain_rewards_route_by_domain_and_reject_unknown():
+    rewards = DomainRewards({"arithmetic": MathVerifyReward(),
+                             "instructions": lambda p, c: float(len(c))})
+    inst = InstructionSource().draw(np.random.default_rng(0))
+    assert rewards.score([_math("3"), inst, _math("4")], ["\\boxed{3}", "abcd", "5"]) == [1.0, 4.0, 0.0]
+    with pytest.raises(RewardError, match="gsm8k"):
+        rewards.score([Prompt("g", "gsm8k", user_prompt("q"), "1")], ["1"])
+
+
+def test_zero_shot_judge_gives_a_distribution_over_ratings(policy_model_path):
+    judge = ZeroShotJudgeScorer(policy_model_path)
+    p = InstructionSource().draw(np.random.default_rng(1))
+    probs = judge.rating_probs([p, p], ["A clear, correct answer.", "zzzz"])
+    assert probs.shape == (2, 9)
+    assert probs.sum(1).tolist() == pytest.approx([1.0, 1.0], abs=1e-5)
+    scores = judge.score_batch([p, p], ["A clear, correct answer.", "zzzz"])
+    assert all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
+
+
+def test_reward_model_scorer_reads_one_logit_per_pair(tmp_path, policy_model_path):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(policy_model_path)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      num_labels=1, pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    rm = RewardModelScorer(str(tmp_path / "rm"), batch_size=2)
+    p = InstructionSource().draw(np.random.default_rng(0))
+    s = rm.score_batch([p, p, p], ["short", "a much longer answer here", "short"])
+    assert len(s) == 3 and s[0] == pytest.approx(s[2], abs=1e-5) and s[0] != s[1]
+    cfg.num_labels = 2
+    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "two")
+    tok.save_pretrained(tmp_path / "two")
+    with pytest.raises(RewardError, match="labels"):
+        RewardModelScorer(str(tmp_path / "two"))
