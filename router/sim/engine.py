@@ -2,27 +2,33 @@
 recompute preemption, over a :class:`~router.sim.kv_cache.KVCache`.
 
 The scheduler follows vLLM v1 (``vllm/v1/core/sched/scheduler.py``): each step has a token
-budget (``max_num_batched_tokens``). Running requests are served first, in order, each
-with the tokens it still needs (a decode needs 1, a prefill the rest of its prompt, cut
-to the budget: chunked prefill). When a running request's blocks do not fit, the
-*last* running request is preempted (its blocks freed, its progress recomputed later)
+budget (``max_num_batched_tokens``). Running requests are served first: every decoding
+request gets 1 token, then requests still in prefill get the rest of their prompt, cut
+to the budget (chunked prefill). When a running request's blocks do not fit, the most
+recently admitted running request is preempted (blocks freed, progress recomputed later)
 until they do. Then, if nothing was preempted, waiting requests are admitted in FIFO
 order while budget, ``max_num_seqs`` and KV allow, after a prefix-cache lookup.
 
 Token accounting per request: ``num_tokens = prompt + generated``; ``computed`` tokens
 have KV. A step computes some tokens; when ``computed`` reaches ``num_tokens`` the step
-also samples one new token. So a decode step computes 1 token and samples 1, and the
-last prefill chunk samples the first output token.
+samples one new token. A decode step computes 1 token and samples 1; the last prefill
+chunk samples the first output token. KV blocks are allocated when scheduled and a block
+is cached (hashed, BlockStored) once full.
 
-Speed: when a step is decode only and nothing waiting can be admitted, the engine plans
-up to ``max_decode_chunk_steps`` identical decode steps at once (the batch cannot change
-before a request finishes). Step times then grow linearly with context (the cost models
-are linear in it), so a new arrival can cut the chunk short exactly at a step boundary
+Speed (the per-step work never scans the batch): decoding requests advance together, one
+token per step, so each keeps only its join point (``clock`` and tokens at joining) and
+the engine keeps ``clock`` (steps run), the number of decoders and the sum of their
+contexts. Two heaps say when something happens to one of them: the step at which it
+finishes, and the step at which it needs its next KV block (and its last block is full).
+When a step is decode-only and nothing waiting can be admitted, up to
+``max_decode_chunk_steps`` steps are planned as one event; step times grow linearly with
+context, so a new arrival cuts the chunk short exactly at a step boundary
 (:meth:`Engine.interrupt`).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -46,7 +52,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
-    max_decode_chunk_steps: int = 64
+    max_decode_chunk_steps: int = 256
 
 
 @dataclass(eq=False)
@@ -57,7 +63,8 @@ class SimRequest:
         request: what the policy sees.
         output_tokens: tokens this request will generate (known to the simulator only).
         stream_hashes: chained hashes of every full block of prompt + output, in order.
-        computed: tokens with KV; output_done: tokens generated so far.
+        computed: tokens with KV; output_done: tokens generated (both exact while the
+            request is not decoding; a decoding request's are derived from its join point).
         hit_tokens: prefix-cache hit (tokens) at its first schedule.
     """
 
@@ -74,6 +81,9 @@ class SimRequest:
     start_s: float = 0.0
     first_token_s: float | None = None
     finish_s: float | None = None
+    admit_seq: int = 0
+    join_clock: int = -1  # >= 0 while decoding: engine clock when it started decoding
+    epoch: int = 0  # bumped on preemption so stale heap entries are skipped
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,7 +92,7 @@ class SimRequest:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus tokens generated so far."""
+        """Prompt plus tokens generated so far (exact while not decoding)."""
         return self.request.prompt_tokens + self.output_done
 
 
@@ -97,11 +107,6 @@ class EngineCounters:
     generation_tokens: int = 0
     preemptions: int = 0
     busy_s: float = 0.0
-
-
-def _is_decode(req: SimRequest, n_new: int) -> bool:
-    """A decode step of ``req``: one token whose KV is computed while a new one is sampled."""
-    return n_new == 1 and req.output_done > 0 and req.computed == req.num_tokens - 1
 
 
 class Engine:
@@ -120,14 +125,21 @@ class Engine:
         self.cost = cost
         self.kv = KVCache(config.num_blocks, config.block_size)
         self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
+        self.running: list[SimRequest] = []  # admission order; preemption takes the last
+        self.prefilling: list[SimRequest] = []  # running requests not yet decoding, in order
         self.counters = EngineCounters()
         self.busy = False
+        self.clock = 0  # steps run
+        self._n_dec = 0
+        self._dec_base = 0  # sum over decoders of (computed at join - join clock)
+        self._finish_heap: list[tuple[int, int, int, SimRequest]] = []
+        self._block_heap: list[tuple[int, int, int, SimRequest]] = []
+        self._seq = 0
         self._plan: list[tuple[SimRequest, int]] = []
         self._steps = 0
         self._start_s = 0.0
-        self._t0_s = 0.0  # first step's duration
-        self._dt_s = 0.0  # growth of step duration per step (linear in context)
+        self._t0_s = 0.0
+        self._dt_s = 0.0
         self.end_s = 0.0
 
     # ------------------------------------------------------------------ queueing
@@ -137,57 +149,123 @@ class Engine:
         self.waiting.append(req)
 
     def _blocks_for(self, tokens: int) -> int:
-        bs = self.config.block_size
-        return -(-tokens // bs)
+        return -(-tokens // self.config.block_size)
 
-    def _preempt(self, req: SimRequest) -> None:
-        self.kv.free(req.holding)
-        req.computed = 0
-        req.n_cached_blocks = 0
+    def _sync(self, req: SimRequest) -> None:
+        """Make a decoding request's computed/output_done exact at the current clock."""
+        if req.join_clock >= 0:
+            d = self.clock - req.join_clock
+            req.computed += d
+            req.output_done += d
+            req.join_clock = self.clock
+
+    def _start_decoding(self, req: SimRequest) -> None:
+        bs = self.config.block_size
+        req.join_clock = self.clock
+        self._n_dec += 1
+        self._dec_base += req.computed - self.clock
+        self._seq += 1
+        heapq.heappush(self._finish_heap, (self.clock + req.output_tokens - req.output_done, self._seq, req.epoch, req))
+        # next block needed when computed reaches held * block_size
+        need_at = self.clock + req.holding.num_blocks * bs - req.computed
+        heapq.heappush(self._block_heap, (need_at, self._seq, req.epoch, req))
+
+    def _stop_decoding(self, req: SimRequest) -> None:
+        self._sync(req)
+        self._n_dec -= 1
+        self._dec_base -= req.computed - self.clock
+        req.join_clock = -1
+        req.epoch += 1
+
+    def _remove_running(self, req: SimRequest) -> None:
+        if self.running and self.running[-1] is req:
+            self.running.pop()
+        else:
+            self.running.remove(req)
+        if req.join_clock >= 0:
+            self._stop_decoding(req)
+        else:
+            self.prefilling.remove(req)
+
+    def _preempt_last(self) -> SimRequest:
+        victim = self.running[-1]
+        self._remove_running(victim)
+        self.kv.free(victim.holding)
+        victim.computed = 0
+        victim.n_cached_blocks = 0
+        victim.epoch += 1
         self.counters.preemptions += 1
-        self.waiting.appendleft(req)
+        self.waiting.appendleft(victim)
+        return victim
+
+    def _cache_full(self, req: SimRequest) -> None:
+        full = min(req.computed // self.config.block_size, len(req.stream_hashes))
+        if full > req.n_cached_blocks:
+            self.kv.cache_full_blocks(req.holding, req.stream_hashes[req.n_cached_blocks:full])
+            req.n_cached_blocks = full
 
     # ------------------------------------------------------------------ one step
-    def schedule(self, now: float) -> float | None:
-        """Plan the next step starting at ``now``; return its end time, or None if idle."""
-        cfg, kv = self.config, self.kv
-        budget = cfg.max_num_batched_tokens
-        plan: list[tuple[SimRequest, int]] = []
-        preempted = False
-        running = self.running
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            n_new = min(req.num_tokens - req.computed, budget)
-            need = self._blocks_for(req.computed + n_new) - req.holding.num_blocks
-            while not kv.allocate(req.holding, need):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            else:
-                plan.append((req, n_new))
-                budget -= n_new
-                i += 1
+    def _decode_blocks_due(self, upto_clock: int) -> bool:
+        """Give every decoder whose next block is due by ``upto_clock`` its blocks.
+
+        Returns False if a decoder was preempted for lack of KV (then nothing else is due).
+        """
+        heap, bs, kv = self._block_heap, self.config.block_size, self.kv
+        while heap and heap[0][0] <= upto_clock:
+            _, _, epoch, req = heap[0]
+            if epoch != req.epoch:
+                heapq.heappop(heap)
                 continue
-            break  # req itself was preempted: it was the last running request
+            heapq.heappop(heap)
+            self._sync(req)
+            need = self._blocks_for(req.computed + 1 + (upto_clock - self.clock)) - req.holding.num_blocks
+            while not kv.allocate(req.holding, need):
+                if self._preempt_last() is req:
+                    return False
+            self._cache_full(req)
+            self._seq += 1
+            heapq.heappush(heap, (self.clock + req.holding.num_blocks * bs - req.computed, self._seq, req.epoch, req))
+        return True
+
+    def schedule(self, now: float) -> float | None:
+        """Plan the next step(s) starting at ``now``; return their end time, or None if idle."""
+        cfg, kv = self.config, self.kv
+        preempted_before = self.counters.preemptions
+        # 1. decoders first: blocks for this step's token
+        self._decode_blocks_due(self.clock)
+        budget = cfg.max_num_batched_tokens - self._n_dec
+        plan: list[tuple[SimRequest, int]] = []
+        # 2. running requests still in prefill (chunked)
+        i = 0
+        while i < len(self.prefilling) and budget > 0:
+            req = self.prefilling[i]
+            n_new = min(req.num_tokens - req.computed, budget)
+            ok = True
+            while not kv.allocate(req.holding, self._blocks_for(req.computed + n_new) - req.holding.num_blocks):
+                if self._preempt_last() is req:
+                    ok = False
+                    break
+            if not ok:
+                break
+            plan.append((req, n_new))
+            budget -= n_new
+            i += 1
+        # 3. waiting requests, unless this step preempted something
         admit_blocked = bool(self.waiting)
-        if not preempted:
+        if self.counters.preemptions == preempted_before:
             admit_blocked = self._admit_waiting(plan, budget, now)
-        if not plan:
+        if not plan and not self._n_dec:
             self.busy = False
             return None
         steps = 1
-        if (admit_blocked or not self.waiting) and len(plan) == len(running):
-            steps = self._decode_chunk_steps(plan)
-        decode = sum(1 for r, n in plan if _is_decode(r, n))
-        prefill = sum(n for r, n in plan if not _is_decode(r, n))
-        ctx = sum(r.computed + n for r, n in plan)
-        t0 = self.cost.step_time_s(prefill, decode, ctx)
+        if not plan and (admit_blocked or not self.waiting):
+            steps = self._decode_chunk_steps()
+        prefill = sum(n for _, n in plan)
+        ctx = self._dec_base + self._n_dec * (self.clock + 1) + sum(r.computed + n for r, n in plan)
+        t0 = self.cost.step_time_s(prefill, self._n_dec, ctx)
         dt = 0.0
         if steps > 1:
-            dt = (self.cost.step_time_s(0, decode, ctx + len(plan) * (steps - 1)) - t0) / (steps - 1)
+            dt = (self.cost.step_time_s(0, self._n_dec, ctx + self._n_dec * (steps - 1)) - t0) / (steps - 1)
         self._plan, self._steps, self._start_s, self._t0_s, self._dt_s = plan, steps, now, t0, dt
         self.end_s = now + self._chunk_time_s(steps)
         self.busy = True
@@ -218,22 +296,31 @@ class Engine:
                 c.prompt_tokens += req.prompt_tokens
             req.computed = hit * bs
             req.n_cached_blocks = hit
+            self._seq += 1
+            req.admit_seq = self._seq
             self.running.append(req)
+            self.prefilling.append(req)
             plan.append((req, n_new))
             budget -= n_new
         return False
 
-    def _decode_chunk_steps(self, plan: list[tuple[SimRequest, int]]) -> int:
-        """How many identical decode steps the batch can run before it must change."""
-        if not all(_is_decode(r, n) for r, n in plan):
-            return 1
-        steps = min([self.config.max_decode_chunk_steps] + [r.output_tokens - r.output_done for r, _ in plan])
-        if steps <= 1:
-            return 1
-        extra = sum(
-            self._blocks_for(r.computed + steps) - self._blocks_for(r.computed + 1) for r, _ in plan
-        )
-        return steps if self.kv.can_allocate(extra) else 1
+    def _decode_chunk_steps(self) -> int:
+        """How many decode-only steps can run as one event before the batch must change."""
+        fh = self._finish_heap
+        while fh and fh[0][2] != fh[0][3].epoch:
+            heapq.heappop(fh)
+        steps = self.config.max_decode_chunk_steps
+        if fh:
+            steps = min(steps, fh[0][0] - self.clock)
+        bh = self._block_heap
+        while bh and bh[0][2] != bh[0][3].epoch:
+            heapq.heappop(bh)
+        if bh and bh[0][0] < self.clock + steps:
+            # Blocks fall due inside the chunk; allow it only if even the worst case fits.
+            worst = self._n_dec * (steps // self.config.block_size + 1)
+            if not self.kv.can_allocate(worst):
+                steps = min(steps, bh[0][0] - self.clock)
+        return max(1, steps)
 
     def _chunk_time_s(self, steps: int) -> float:
         """Duration of the first ``steps`` steps of the current plan."""
@@ -245,50 +332,63 @@ class Engine:
         if not self.busy or self._steps <= 1 or now >= self.end_s:
             return None
         elapsed = now - self._start_s
-        k = 1
-        while k < self._steps and self._chunk_time_s(k) <= elapsed:
-            k += 1
-        if k >= self._steps:
+        # smallest k with T(k) > elapsed, T(k) = k*t0 + dt*k(k-1)/2
+        lo, hi = 1, self._steps
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._chunk_time_s(mid) > elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo >= self._steps:
             return None
-        self._steps = k
-        self.end_s = self._start_s + self._chunk_time_s(k)
+        self._steps = lo
+        self.end_s = self._start_s + self._chunk_time_s(lo)
         return self.end_s
 
     def complete(self, now: float) -> list[SimRequest]:
         """Apply the planned step(s) at their end ``now``; return the requests that finished."""
-        kv, bs, c = self.kv, self.config.block_size, self.counters
+        c = self.counters
         steps = self._steps
         c.busy_s += now - self._start_s
-        finished = []
+        c.generation_tokens += self._n_dec * steps
+        if steps > 1:
+            # blocks that fell due inside the chunk (checked to fit when it was planned)
+            self._decode_blocks_due(self.clock + steps - 1)
+        self.clock += steps
+        finished: list[SimRequest] = []
         for req, n_new in self._plan:
-            if steps > 1:
-                kv.allocate(req.holding, self._blocks_for(req.computed + steps) - req.holding.num_blocks)
-                req.computed += steps
-                req.output_done += steps
-                c.generation_tokens += steps
-            else:
-                if not _is_decode(req, n_new):
-                    c.prefill_computed_tokens += n_new
-                req.computed += n_new
-                if req.computed >= req.num_tokens:
-                    req.output_done += 1
-                    c.generation_tokens += 1
-                    if req.first_token_s is None:
-                        req.first_token_s = now
-            full = min(req.computed // bs, len(req.stream_hashes))
-            if full > req.n_cached_blocks:
-                kv.cache_full_blocks(req.holding, req.stream_hashes[req.n_cached_blocks:full])
-                req.n_cached_blocks = full
-            if req.output_done >= req.output_tokens:
-                req.finish_s = now
-                kv.free(req.holding)
-                finished.append(req)
-        if finished:
-            done = set(map(id, finished))
-            self.running = [r for r in self.running if id(r) not in done]
+            c.prefill_computed_tokens += n_new
+            req.computed += n_new
+            self._cache_full(req)
+            if req.computed >= req.num_tokens:
+                req.output_done += 1
+                c.generation_tokens += 1
+                if req.first_token_s is None:
+                    req.first_token_s = now
+                self.prefilling.remove(req)
+                if req.output_done >= req.output_tokens:
+                    self.running.remove(req)
+                    self._finish(req, now, finished)
+                else:
+                    self._start_decoding(req)
+        fh = self._finish_heap
+        while fh and fh[0][0] <= self.clock:
+            _, _, epoch, req = heapq.heappop(fh)
+            if epoch != req.epoch:
+                continue
+            self._remove_running(req)
+            self._cache_full(req)
+            self._finish(req, now, finished)
         self._plan = []
         self.busy = False
         return finished
+
+    def _finish(self, req: SimRequest, now: float, out: list[SimRequest]) -> None:
+        req.finish_s = now
+        req.epoch += 1
+        self.kv.free(req.holding)
+        out.append(req)
 
     # ------------------------------------------------------------------ signals
     def reset_prefix_cache(self) -> None:

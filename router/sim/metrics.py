@@ -96,9 +96,12 @@ def policy_caps(state: object, prefix: str = "") -> dict[str, float]:
 
 def summarize(sim: Simulation, n_events: int) -> dict:
     """The run's metrics over its window [start, stop] (see module docstring)."""
-    t0, t1 = sim._window["start"], sim._window["stop"]
+    w, wc = sim._window, sim._window_counters
+    if "start" in w and w["stop"] > w["start"]:
+        t0, t1, c0, c1 = w["start"], w["stop"], wc["start"], wc["stop"]
+    else:  # no steady state: measure the whole run
+        t0, t1, c0, c1 = 0.0, w["end"], [(0, 0, 0, 0.0, 0)] * len(wc["end"]), wc["end"]
     dur_s = max(t1 - t0, 1e-9)
-    c0, c1 = sim._window_counters["start"], sim._window_counters["stop"]
     dq = sum(b[0] - a[0] for a, b in zip(c0, c1))
     dh = sum(b[1] - a[1] for a, b in zip(c0, c1))
     dgen = sum(b[2] - a[2] for a, b in zip(c0, c1))

@@ -83,7 +83,9 @@ class SimConfig:
         signals: signal delay and loss.
         context_limit_tokens: prompt + output limit (the requests' max_tokens).
         warmup_frac: the measurement window starts when this fraction of the units the
-            trainer will release has been released; it ends when the trainer stops.
+            trainer will release has completed, and ends when the trainer stops releasing
+            (its first class pool ran dry). If that leaves no window (the ceiling let the
+            whole trace in at once) the window is the whole run.
         timeline_period_s: period of the timeline samples (plots).
         min_recheck_s: floor on a Hold's recheck delay (a 0 would stall the clock).
         horizon_s: stop the run at this simulated time (None: when all units finished).
@@ -200,10 +202,9 @@ class Simulation:
             n_events += 1
             if progress is not None and n_events % 20000 == 0:
                 progress(sum(self.trainer.completed.values()) / total_units)
-        if "start" not in self._window:
-            self._mark_window("start")
         if "stop" not in self._window:
             self._mark_window("stop")
+        self._mark_window("end")
         self.timeline.append(self.log.timeline_sample(self))
         summary = summarize(self, n_events)
         return SimResult(summary, self.timeline)
@@ -221,9 +222,6 @@ class Simulation:
                     run.gap_factor = shift.agent_tool_gap_factor
             self._runs[s.session_id] = run
             self._push(self.now, _ARRIVE, run)
-        released = sum(self.trainer.released.values())
-        if "start" not in self._window and released >= self._warmup_units:
-            self._mark_window("start")
         if not was_stopped and self.trainer.stopped_s is not None:
             self._mark_window("stop")
 
@@ -347,6 +345,8 @@ class Simulation:
             self.policy.observe(SessionEnded(req.session_id, self.now))
             del self._runs[req.session_id]
             self.trainer.complete(run.trace.unit_id, self.now)
+            if "start" not in self._window and sum(self.trainer.completed.values()) >= self._warmup_units:
+                self._mark_window("start")
             self.log.session_done(run.trace.workload_class, run.model_s, run.gap_s)
             self._release()
         else:
