@@ -266,11 +266,13 @@ class Learner:
 
     # ------------------------------------------------------------------ weights
 
-    def weights_for_sync(self) -> dict[str, torch.Tensor]:
-        """name -> tensor (CPU, contiguous) of the weights an engine loads; a tied
+    def weights_for_sync(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+        """name -> tensor (contiguous; on CPU, or where the model is when ``to_cpu`` is
+        False, for the NCCL sync) of the weights an engine loads; a tied
         ``lm_head.weight`` is left out (the engine ties it to the embeddings)."""
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        return {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()
+        return {k: (v.detach().cpu() if to_cpu else v.detach()).contiguous()
+                for k, v in self.model.state_dict().items()
                 if not (tied and k == "lm_head.weight")}
 
     def save_weights(self, folder: str | Path) -> Path:

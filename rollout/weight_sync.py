@@ -1,0 +1,410 @@
+"""Push new policy weights into running vLLM engines without restarting them
+(DESIGN.md step 8).
+
+Two methods, chosen by ``WeightSyncConfig.method``:
+
+``http_reload`` (one machine; what runs on this CPU): the trainer writes the weights as
+safetensors into a shared-memory folder (``/dev/shm``), then for every engine, in
+parallel: ``POST /pause`` -> ``POST /collective_rpc`` ``reload_weights(weights_path=...)``
+-> ``POST /reset_prefix_cache`` -> ``POST /resume`` (the dev-mode endpoints that
+``rollout/engines.py`` turns on with ``VLLM_SERVER_DEV_MODE=1``; shared/notes/vllm-cpu.md,
+"Updating weights"). Each phase is timed.
+
+``nccl`` (GPUs): the engines run with ``--worker-extension-cls
+rollout.weight_sync.NcclWeightSyncWorker``. ``NcclWeightSync.connect`` builds one NCCL
+group of trainer rank 0 plus every engine worker; a sync pauses the engines, tells them
+over ``/collective_rpc`` which tensors follow (``update_weights``), broadcasts each tensor
+from the trainer, and the workers load them with ``model.load_weights``. Untested here
+(no GPU on the development machine).
+
+After either, the engine's prefix cache is empty, and the router is told so
+(``POST {router}/admin/reset_prefix_index`` with ``{"instance": engine_url}``) so its prefix
+index drops the instance's blocks at once rather than waiting for the KV event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed; the message names the engine, the step and the reply."""
+
+
+@dataclass
+class WeightSyncConfig:
+    """Options of the weight sync.
+
+    Attributes:
+        method: ``http_reload`` (shared-memory folder + reload_weights) or ``nccl``.
+        shm_dir: where ``http_reload`` writes the weights (a tmpfs such as /dev/shm keeps
+            the write and the engines' read in memory). One subfolder per version; the
+            previous one is deleted after a successful sync.
+        pause_mode: what ``/pause`` does with requests in flight: ``wait`` (let them
+            finish, then update), ``keep`` (freeze them; they continue on the new
+            weights), ``abort`` (cancel them).
+        request_timeout_s: HTTP timeout of each call to an engine.
+        reset_retries: ``/reset_prefix_cache`` answers success=false while blocks are
+            still held; retry this many times, 0.2 s apart.
+        router_url: the router to tell about the reset, or None (no router).
+        nccl_master_address / nccl_master_port: the trainer's rendezvous for ``nccl``.
+    """
+
+    method: str = "http_reload"
+    shm_dir: str = "/dev/shm/misa-rl-weights"
+    pause_mode: str = "wait"
+    request_timeout_s: float = 300.0
+    reset_retries: int = 25
+    router_url: str | None = None
+    nccl_master_address: str = "127.0.0.1"
+    nccl_master_port: int = 29555
+
+    def __post_init__(self) -> None:
+        if self.method not in ("http_reload", "nccl"):
+            raise WeightSyncError(f"weight_sync.method={self.method!r}: choose http_reload or nccl")
+        if self.pause_mode not in ("wait", "keep", "abort"):
+            raise WeightSyncError(f"weight_sync.pause_mode={self.pause_mode!r}: choose wait, "
+                                  "keep or abort")
+
+
+@dataclass
+class EngineSyncTiming:
+    """Seconds each phase took on one engine."""
+
+    engine_url: str
+    pause_s: float = 0.0
+    load_s: float = 0.0
+    reset_s: float = 0.0
+    resume_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.pause_s + self.load_s + self.reset_s + self.resume_s
+
+
+@dataclass
+class SyncReport:
+    """What one sync did and how long it took.
+
+    Attributes:
+        policy_version: the version now served.
+        write_s: writing the weights (http_reload) or broadcasting them (nccl).
+        total_s: wall time of the whole sync, trainer's view.
+        engines: per-engine phase timings.
+        router_errors: engine URL -> why the router could not be told (empty = all told,
+            or no router configured).
+    """
+
+    policy_version: int
+    write_s: float
+    total_s: float
+    engines: list[EngineSyncTiming] = field(default_factory=list)
+    router_errors: dict[str, str] = field(default_factory=dict)
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat numbers for the run log."""
+        worst = max(self.engines, key=lambda e: e.total_s) if self.engines else EngineSyncTiming("")
+        return {"weight_sync/total_s": self.total_s, "weight_sync/write_s": self.write_s,
+                "weight_sync/pause_s": worst.pause_s, "weight_sync/load_s": worst.load_s,
+                "weight_sync/reset_s": worst.reset_s, "weight_sync/resume_s": worst.resume_s}
+
+
+class _EngineControl:
+    """The dev-mode endpoints of a set of engines, and the router notice; shared by both
+    sync methods."""
+
+    def __init__(self, engine_urls: Sequence[str], cfg: WeightSyncConfig,
+                 client: httpx.Client | None = None):
+        if not engine_urls:
+            raise WeightSyncError("weight sync needs at least one engine URL")
+        self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        self.cfg = cfg
+        self._http = client or httpx.Client(timeout=cfg.request_timeout_s)
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self._http.close()
+
+    def _post(self, url: str, path: str, what: str, **kw) -> httpx.Response:
+        try:
+            r = self._http.post(f"{url}{path}", **kw)
+        except httpx.HTTPError as e:
+            raise WeightSyncError(f"engine {url}: {what} failed ({type(e).__name__}: {e}); is "
+                                  "the engine running with VLLM_SERVER_DEV_MODE=1?") from None
+        if r.status_code != 200:
+            raise WeightSyncError(f"engine {url}: {what} answered HTTP {r.status_code}: "
+                                  f"{r.text[:300]}")
+        return r
+
+    def pause(self, url: str) -> None:
+        self._post(url, "/pause", "POST /pause", params={"mode": self.cfg.pause_mode})
+
+    def resume(self, url: str) -> None:
+        self._post(url, "/resume", "POST /resume")
+
+    def rpc(self, url: str, method: str, args: Sequence[str] = (), kwargs: Mapping[str, str] | None = None) -> Any:
+        """``POST /collective_rpc`` (string arguments only, as vLLM requires)."""
+        body = {"method": method, "args": list(args), "kwargs": dict(kwargs or {})}
+        r = self._post(url, "/collective_rpc", f"collective_rpc {method}", json=body)
+        return r.json().get("results") if r.content else None
+
+    def reset_prefix_cache(self, url: str) -> None:
+        """Reset, retrying while the engine still holds blocks."""
+        for _ in range(self.cfg.reset_retries + 1):
+            r = self._post(url, "/reset_prefix_cache", "POST /reset_prefix_cache")
+            if not r.content or r.json().get("success", True):
+                return
+            time.sleep(0.2)
+        raise WeightSyncError(f"engine {url}: /reset_prefix_cache kept answering success=false "
+                              f"({self.cfg.reset_retries} retries): blocks are still held by "
+                              "running requests; use weight_sync.pause_mode=wait")
+
+    def notify_router(self) -> dict[str, str]:
+        """Tell the router each engine's prefix cache is empty; returns failures."""
+        errors: dict[str, str] = {}
+        if not self.cfg.router_url:
+            return errors
+        for url in self.engine_urls:
+            try:
+                r = self._http.post(f"{self.cfg.router_url.rstrip('/')}/admin/reset_prefix_index",
+                                    json={"instance": url})
+                if r.status_code != 200:
+                    errors[url] = f"HTTP {r.status_code}: {r.text[:200]}"
+            except httpx.HTTPError as e:
+                errors[url] = f"{type(e).__name__}: {e}"
+        for url, why in errors.items():
+            log.warning("router %s not told of the prefix-cache reset of %s (%s); its index "
+                        "clears on the engine's AllBlocksCleared event instead",
+                        self.cfg.router_url, url, why)
+        return errors
+
+    def update_all(self, load: Callable[[str], None]) -> list[EngineSyncTiming]:
+        """pause -> load(url) -> reset -> resume on every engine in parallel; the engine is
+        resumed even when loading fails (the error is raised afterwards)."""
+
+        def one(url: str) -> EngineSyncTiming:
+            t = EngineSyncTiming(url)
+            t0 = time.perf_counter()
+            self.pause(url)
+            t1 = time.perf_counter()
+            try:
+                load(url)
+                t2 = time.perf_counter()
+                self.reset_prefix_cache(url)
+                t3 = time.perf_counter()
+            finally:
+                self.resume(url)
+            t4 = time.perf_counter()
+            t.pause_s, t.load_s, t.reset_s, t.resume_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+            return t
+
+        with ThreadPoolExecutor(len(self.engine_urls)) as ex:
+            return list(ex.map(one, self.engine_urls))
+
+
+class HttpReloadSync:
+    """Weight sync through a shared-memory folder and ``reload_weights`` (one machine).
+
+    Args:
+        engine_urls: base URLs of the engines.
+        cfg: options (``method`` must be ``http_reload``).
+        client: the HTTP client to use (tests pass one with a mock transport).
+    """
+
+    def __init__(self, engine_urls: Sequence[str], cfg: WeightSyncConfig | None = None,
+                 client: httpx.Client | None = None):
+        self.cfg = cfg or WeightSyncConfig()
+        self.control = _EngineControl(engine_urls, self.cfg, client)
+        self._last_dir: Path | None = None
+
+    def sync(self, write_weights: Callable[[Path], object], policy_version: int) -> SyncReport:
+        """Write the weights with ``write_weights(folder)`` (e.g. ``Learner.save_weights``:
+        safetensors, tied lm_head left out) and load them into every engine.
+
+        Raises:
+            WeightSyncError: an engine refused a step (the engines are resumed first).
+        """
+        t0 = time.perf_counter()
+        folder = Path(self.cfg.shm_dir) / f"v{policy_version}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        write_weights(folder)
+        write_s = time.perf_counter() - t0
+        timings = self.control.update_all(
+            lambda url: self.control.rpc(url, "reload_weights",
+                                         kwargs={"weights_path": str(folder)}))
+        router_errors = self.control.notify_router()
+        if self._last_dir is not None and self._last_dir != folder:
+            shutil.rmtree(self._last_dir, ignore_errors=True)
+        self._last_dir = folder
+        return SyncReport(policy_version, write_s, time.perf_counter() - t0, timings, router_errors)
+
+    def close(self) -> None:
+        """Close connections and delete the last weights folder."""
+        self.control.close()
+        if self._last_dir is not None:
+            shutil.rmtree(self._last_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- NCCL (GPU)
+
+
+def _tensor_meta(named: Iterable[tuple[str, Any]]) -> list[list[Any]]:
+    """[[name, dtype name, shape], ...] for the engines to allocate receive buffers."""
+    return [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in named]
+
+
+class NcclWeightSyncWorker:
+    """vLLM worker extension (``--worker-extension-cls rollout.weight_sync.NcclWeightSyncWorker``).
+
+    vLLM mixes this class into each GPU worker, so ``self.device`` and
+    ``self.model_runner`` are the worker's. The trainer calls the methods through
+    ``POST /collective_rpc`` (string arguments only).
+    """
+
+    def init_weight_update_group(self, master_address: str, master_port: str,
+                                 rank_offset: str, world_size: str) -> None:
+        """Join the trainer's NCCL group as rank ``rank_offset + this worker's rank``."""
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.parallel_state import get_world_group
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        rank = get_world_group().rank + int(rank_offset)
+        pg = StatelessProcessGroup.create(host=master_address, port=int(master_port),
+                                          rank=rank, world_size=int(world_size))
+        self._weight_group = PyNcclCommunicator(pg, device=self.device)
+
+    def update_weights(self, meta_json: str) -> None:
+        """Receive every tensor listed in ``meta_json`` (``_tensor_meta``) from trainer
+        rank 0, in order, and load each into the model."""
+        import torch
+
+        for name, dtype, shape in json.loads(meta_json):
+            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            self._weight_group.broadcast(buf, src=0, stream=torch.cuda.current_stream())
+            self.model_runner.model.load_weights(weights=[(name, buf)])
+            del buf
+        torch.cuda.synchronize()
+
+
+class NcclWeightSync:
+    """Trainer side of the NCCL weight sync (GPU only; untested on the CPU machine).
+
+    Args:
+        engine_urls: base URLs of engines started with the worker extension.
+        workers_per_engine: GPU workers per engine (its tensor-parallel size).
+        cfg: options (rendezvous address/port).
+        device: the trainer's CUDA device.
+    """
+
+    def __init__(self, engine_urls: Sequence[str], workers_per_engine: int = 1,
+                 cfg: WeightSyncConfig | None = None, device: str = "cuda:0"):
+        self.cfg = cfg or WeightSyncConfig(method="nccl")
+        self.control = _EngineControl(engine_urls, self.cfg)
+        self.workers_per_engine = int(workers_per_engine)
+        self.device = device
+        self._group = None
+
+    def connect(self) -> None:
+        """Form the NCCL group: trainer rank 0, engine e's workers from 1 + e * tp.
+
+        Raises:
+            WeightSyncError: no CUDA device, or an engine refused to join.
+        """
+        import torch
+
+        if not torch.cuda.is_available():
+            raise WeightSyncError("weight_sync.method=nccl needs a CUDA device on the trainer; "
+                                  "use http_reload on CPU")
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        n = len(self.control.engine_urls)
+        world = 1 + n * self.workers_per_engine
+        addr, port = self.cfg.nccl_master_address, str(self.cfg.nccl_master_port)
+        # The engines block in the rendezvous until the trainer joins: call them from threads.
+        with ThreadPoolExecutor(n) as ex:
+            futs = [ex.submit(self.control.rpc, url, "init_weight_update_group",
+                              [addr, port, str(1 + i * self.workers_per_engine), str(world)])
+                    for i, url in enumerate(self.control.engine_urls)]
+            pg = StatelessProcessGroup.create(host=addr, port=int(port), rank=0, world_size=world)
+            self._group = PyNcclCommunicator(pg, device=self.device)
+            for f in futs:
+                f.result()
+
+    def sync(self, named_tensors: Mapping[str, Any], policy_version: int) -> SyncReport:
+        """Broadcast ``named_tensors`` (e.g. ``Learner.weights_for_sync(to_cpu=False)``) to
+        every engine.
+
+        Raises:
+            WeightSyncError: ``connect`` was not called, or an engine failed.
+        """
+        import torch
+
+        if self._group is None:
+            raise WeightSyncError("call NcclWeightSync.connect() before the first sync")
+        t0 = time.perf_counter()
+        items = list(named_tensors.items())
+        meta = json.dumps(_tensor_meta(items))
+        # Every engine is paused and called before the broadcasts start; if one fails, the
+        # barrier times out and breaks instead of leaving the others waiting forever.
+        done = threading.Barrier(len(self.control.engine_urls) + 1,
+                                 timeout=self.cfg.request_timeout_s)
+        write = {"s": 0.0}
+
+        def load(url: str) -> None:
+            # All engines must be inside update_weights before the broadcasts start.
+            with ThreadPoolExecutor(1) as ex:
+                fut = ex.submit(self.control.rpc, url, "update_weights", [meta])
+                try:
+                    done.wait()
+                except threading.BrokenBarrierError:
+                    raise WeightSyncError(f"engine {url}: another engine failed before the "
+                                          "NCCL broadcast; weights not updated") from None
+                fut.result()
+
+        def broadcast() -> None:
+            try:
+                done.wait()
+            except threading.BrokenBarrierError:
+                return
+            tb = time.perf_counter()
+            for _, t in items:
+                self._group.broadcast(t.to(self.device).contiguous(), src=0,
+                                      stream=torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            write["s"] = time.perf_counter() - tb
+
+        sender = threading.Thread(target=broadcast, name="nccl-broadcast")
+        sender.start()
+        try:
+            timings = self.control.update_all(load)
+        finally:
+            sender.join()
+        router_errors = self.control.notify_router()
+        return SyncReport(policy_version, write["s"], time.perf_counter() - t0, timings, router_errors)
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self.control.close()
+
+
+def make_weight_sync(cfg: WeightSyncConfig, engine_urls: Sequence[str],
+                     workers_per_engine: int = 1) -> HttpReloadSync | NcclWeightSync:
+    """The sync of ``cfg.method`` for these engines (NCCL: call ``connect()`` next)."""
+    if cfg.method == "nccl":
+        return NcclWeightSync(engine_urls, workers_per_engine, cfg)
+    return HttpReloadSync(engine_urls, cfg)

@@ -1,0 +1,173 @@
+"""Weight sync: the dev-endpoint protocol against a mock engine (fast), and a real
+engine whose greedy output changes and whose prefix cache is emptied (``engine``)."""
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rollout.weight_sync import (HttpReloadSync, NcclWeightSync, WeightSyncConfig,
+                                 WeightSyncError, make_weight_sync)
+
+
+class FakeEngines:
+    """Records every call; answers like vLLM's dev endpoints."""
+
+    def __init__(self, fail_reload_on=None, reset_false_times=0, router_status=200):
+        self.calls = []
+        self.fail_reload_on = fail_reload_on
+        self.reset_false_left = reset_false_times
+        self.router_status = router_status
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        body = json.loads(request.content) if request.content else None
+        self.calls.append((host, request.url.path, dict(request.url.params), body))
+        if request.url.path == "/admin/reset_prefix_index":
+            return httpx.Response(self.router_status, json={})
+        if request.url.path == "/collective_rpc" and host == self.fail_reload_on:
+            return httpx.Response(500, text="reload failed: shape mismatch")
+        if request.url.path == "/reset_prefix_cache":
+            if self.reset_false_left > 0:
+                self.reset_false_left -= 1
+                return httpx.Response(200, json={"success": False})
+            return httpx.Response(200, json={"success": True})
+        return httpx.Response(200, json={"status": "ok"})
+
+
+E1, E2, ROUTER = "http://e1:8000", "http://e2:8000", "http://router:9000"
+
+
+def _sync(tmp_path, fake, **cfg):
+    c = WeightSyncConfig(shm_dir=str(tmp_path / "shm"), router_url=ROUTER, **cfg)
+    return HttpReloadSync([E1, E2], c, client=httpx.Client(transport=httpx.MockTransport(fake)))
+
+
+def _write(folder: Path):
+    (folder / "model.safetensors").write_bytes(b"weights")
+
+
+def test_each_engine_is_paused_reloaded_reset_and_resumed_in_order(tmp_path):
+    fake = FakeEngines()
+    report = _sync(tmp_path, fake).sync(_write, policy_version=3)
+    folder = str(tmp_path / "shm" / "v3")
+    for e in (E1, E2):
+        mine = [(p, q, b) for h, p, q, b in fake.calls if h == e]
+        assert mine == [("/pause", {"mode": "wait"}, None),
+                        ("/collective_rpc", {}, {"method": "reload_weights", "args": [],
+                                                 "kwargs": {"weights_path": folder}}),
+                        ("/reset_prefix_cache", {}, None), ("/resume", {}, None)]
+    router = [b for h, p, q, b in fake.calls if p == "/admin/reset_prefix_index"]
+    assert router == [{"instance": E1}, {"instance": E2}]
+    assert report.policy_version == 3 and report.router_errors == {}
+    assert [t.engine_url for t in report.engines] == [E1, E2]
+    assert report.total_s >= max(t.total_s for t in report.engines)
+
+
+def test_previous_version_folder_is_deleted_after_next_sync(tmp_path):
+    s = _sync(tmp_path, FakeEngines())
+    s.sync(_write, 1)
+    s.sync(_write, 2)
+    assert not (tmp_path / "shm" / "v1").exists()
+    assert (tmp_path / "shm" / "v2" / "model.safetensors").exists()
+    s.close()
+    assert not (tmp_path / "shm" / "v2").exists()
+
+
+def test_engine_is_resumed_when_reload_fails(tmp_path):
+    fake = FakeEngines(fail_reload_on=E2)
+    with pytest.raises(WeightSyncError, match="e2.*HTTP 500.*shape mismatch"):
+        _sync(tmp_path, fake).sync(_write, 1)
+    assert ("/resume" in [p for h, p, _, _ in fake.calls if h == E2])
+    assert not [c for c in fake.calls if c[1] == "/admin/reset_prefix_index"]
+
+
+def test_reset_is_retried_while_blocks_are_held(tmp_path):
+    fake = FakeEngines(reset_false_times=2)
+    _sync(tmp_path, fake, reset_retries=3).sync(_write, 1)
+    assert sum(1 for c in fake.calls if c[1] == "/reset_prefix_cache") == 4  # 2 false + 2 ok
+    with pytest.raises(WeightSyncError, match="success=false"):
+        _sync(tmp_path, FakeEngines(reset_false_times=10), reset_retries=1).sync(_write, 2)
+
+
+def test_router_failure_is_reported_not_raised(tmp_path):
+    report = _sync(tmp_path, FakeEngines(router_status=404)).sync(_write, 1)
+    assert set(report.router_errors) == {E1, E2} and "404" in report.router_errors[E1]
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(WeightSyncError, match="method"):
+        WeightSyncConfig(method="rsync")
+    with pytest.raises(WeightSyncError, match="pause_mode"):
+        WeightSyncConfig(pause_mode="later")
+    assert isinstance(make_weight_sync(WeightSyncConfig(method="nccl"), [E1]), NcclWeightSync)
+
+
+def test_nccl_sync_needs_connect_and_a_gpu():
+    s = NcclWeightSync([E1], cfg=WeightSyncConfig(method="nccl"))
+    with pytest.raises(WeightSyncError, match="connect"):
+        s.sync({}, 1)
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(WeightSyncError, match="CUDA"):
+            s.connect()
+
+
+# --------------------------------------------------------------------------- real engine
+
+
+def _prefix_hits(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(m.group(1)) for m in
+               re.finditer(r'^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
+
+
+def _greedy(url: str, prompt_ids: list[int], n: int = 12) -> list[int]:
+    r = httpx.post(f"{url}/v1/completions", timeout=300, json={
+        "model": "smollm2-135m", "prompt": prompt_ids, "max_tokens": n, "temperature": 0.0,
+        "return_token_ids": True})
+    r.raise_for_status()
+    return r.json()["choices"][0]["token_ids"]
+
+
+@pytest.mark.engine
+def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, policy_model_path):
+    import torch
+
+    from rl.learner import Learner
+
+    learner = Learner(policy_model_path)
+    tok = learner.tokenizer
+    # longer than two 128-token KV blocks, so a repeat hits the prefix cache
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Repeat after me. " + "The quick brown fox jumps over "
+          "the lazy dog. " * 30 + "What animal jumps?"}], tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt)["input_ids"]
+    before = _greedy(real_engine_url, ids)
+    _greedy(real_engine_url, ids)
+    warm_hits = _prefix_hits(real_engine_url)
+    assert warm_hits >= 256  # the repeat hit the cache: the metric works
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in learner.model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else policy_model_path
+    sync = HttpReloadSync([real_engine_url], WeightSyncConfig(shm_dir=f"{shm}/misa-rl-test-sync"))
+    try:
+        report = sync.sync(learner.save_weights, policy_version=1)
+    finally:
+        sync.close()
+    assert report.engines[0].load_s > 0
+
+    after = _greedy(real_engine_url, ids)
+    # the cache was emptied by the sync: the first repeat after it finds no cached block
+    assert _prefix_hits(real_engine_url) == warm_hits
+    assert after != before
+    # and the engine now serves exactly the trainer's weights
+    with torch.no_grad():
+        hf = learner.model.generate(torch.tensor([ids]), max_new_tokens=len(after),
+                                    do_sample=False)[0, len(ids):].tolist()
+    assert hf[:6] == after[:6]
