@@ -37,6 +37,8 @@ class RequestLog:
         self.agent_model_s = 0.0
         self.agent_gap_s = 0.0
         self.admits = 0
+        # per finished session: (class, released_s, admitted_s, ended_s, final KV blocks)
+        self.sessions: list[tuple[str, float, float, float, int]] = []
         self._last_counters: list[tuple[int, int]] | None = None
 
     def admitted(self, sreq: SimRequest, now: float) -> None:
@@ -50,11 +52,33 @@ class RequestLog:
         self.hit_tokens.append(sreq.hit_tokens)
         self.output_tokens.append(sreq.output_tokens)
 
-    def session_done(self, workload_class: str, model_s: float, gap_s: float) -> None:
-        """A session ended after ``model_s`` seconds in model requests and ``gap_s`` in tool gaps."""
+    def session_done(self, workload_class: str, model_s: float, gap_s: float, released_s: float,
+                     admitted_s: float, ended_s: float, final_blocks: int) -> None:
+        """A session ended: ``model_s`` seconds in model requests, ``gap_s`` in tool gaps,
+        released / first admitted / ended at the given times, ``final_blocks`` KV blocks at the end."""
+        self.sessions.append((workload_class, released_s, admitted_s, ended_s, final_blocks))
         if workload_class == "agent":
             self.agent_model_s += model_s
             self.agent_gap_s += gap_s
+
+    def class_truth(self, switch_s: float | None, k_quantile: float = 0.9) -> dict[str, dict[str, float]]:
+        """True class footprints and residencies, for misa_t_oracle (experiment 5).
+
+        Returns ``{"k_blocks_before", "k_blocks_after", "t_s_before", "t_s_after"}``, each
+        ``{class: value}``: the ``k_quantile`` of final KV blocks (the statistic misa's k_b
+        estimates) and the mean residency (first admission to end) of sessions released
+        before / from ``switch_s`` (None: all sessions count as "after").
+        """
+        out: dict[str, dict[str, float]] = {k: {} for k in ("k_blocks_before", "k_blocks_after",
+                                                             "t_s_before", "t_s_after")}
+        groups: dict[tuple[str, str], list[tuple[float, int]]] = {}
+        for b, released, admitted, ended, blocks in self.sessions:
+            phase = "after" if switch_s is None or released >= switch_s else "before"
+            groups.setdefault((phase, b), []).append((ended - admitted, blocks))
+        for (phase, b), rows in groups.items():
+            out[f"k_blocks_{phase}"][b] = float(np.quantile([r[1] for r in rows], k_quantile))
+            out[f"t_s_{phase}"][b] = float(np.mean([r[0] for r in rows]))
+        return out
 
     def timeline_sample(self, sim: Simulation) -> dict:
         """One timeline point: time, KV usage, hit rate since the last point, mixture, backlog, caps."""

@@ -119,6 +119,9 @@ class _SessionRun:
     gap_s: float = 0.0
     gap_factor: float = 1.0
     output_factor: float = 1.0
+    released_s: float = 0.0
+    admitted_s: float | None = None
+    final_tokens: int = 0
 
 
 @dataclass
@@ -213,7 +216,7 @@ class Simulation:
     def _release(self) -> None:
         was_stopped = self.trainer.stopped_s is not None
         for s in self.trainer.release(self.now):
-            run = _SessionRun(s, self._chain_for(s))
+            run = _SessionRun(s, self._chain_for(s), released_s=self.now)
             shift = self.cfg.shift
             if shift is not None and self.now >= shift.at_s:
                 if s.workload_class == "rlvr":
@@ -303,6 +306,9 @@ class Simulation:
         self._in_flight[engine.instance] += 1
         sreq.start_s = self.now
         self.log.admitted(sreq, self.now)
+        run = self._runs[sreq.request.session_id]
+        if run.admitted_s is None:
+            run.admitted_s = self.now
         engine.add(sreq)
         i = self.engines.index(engine)
         if not engine.busy:
@@ -347,7 +353,9 @@ class Simulation:
             self.trainer.complete(run.trace.unit_id, self.now)
             if "start" not in self._window and sum(self.trainer.completed.values()) >= self._warmup_units:
                 self._mark_window("start")
-            self.log.session_done(run.trace.workload_class, run.model_s, run.gap_s)
+            self.log.session_done(run.trace.workload_class, run.model_s, run.gap_s, run.released_s,
+                                  run.admitted_s, self.now, -(-(req.prompt_tokens + sreq.output_tokens)
+                                                             // self.cfg.engine.block_size))
             self._release()
         else:
             gap = run.trace.requests[run.turn].tool_gap_s * run.gap_factor

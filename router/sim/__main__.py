@@ -1,0 +1,255 @@
+"""``python -m router.sim``: run a simulator experiment (Hydra config ``recipes/sim.yaml``).
+
+Writes ``runs/sim/<experiment>-<timestamp>/``: ``results.json`` (every run's metrics,
+aggregates over seeds, the config), ``table.md`` (Table-5-like), and plots. A bad option
+or trace prints one message (no traceback) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
+from router.sim.errors import SimError
+from router.sim.experiments import (
+    ClusterSpec,
+    RunSpec,
+    aggregate,
+    best_sweep_label,
+    check_policy_params,
+    dump_json,
+    per_class_markdown,
+    run_all,
+    table5_markdown,
+    with_params,
+)
+from router.sim.plots import plot_caps, plot_hit_rate, plot_mixture
+
+RECIPES = str(Path(__file__).resolve().parents[2] / "recipes")
+
+
+class Experiment:
+    """Builds run specs from the Hydra config and runs them with a progress bar."""
+
+    def __init__(self, cfg: DictConfig, out_dir: str) -> None:
+        self.cfg = cfg
+        self.out = out_dir
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        self.raw = raw
+        sim = dict(raw["sim"])
+        for key in ("sweep_ceilings",):
+            sim[key] = tuple(sim[key])
+        try:
+            self.cluster = ClusterSpec(**sim)
+        except TypeError as exc:
+            raise SimError(f"recipes/sim/{cfg.sim.get('name', '?')}.yaml: {exc}") from None
+        if not 0 < cfg.scale <= 4:
+            raise SimError(f"scale must be in (0, 4], got {cfg.scale}")
+        if not cfg.seeds:
+            raise SimError("seeds must list at least one seed")
+        self.seeds = [int(s) for s in cfg.seeds]
+        self.bs = int(raw["engine"]["block_size"])
+        self.title = f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds"
+
+    def ceiling(self, c: int) -> int:
+        """A full-size ceiling scaled with the system."""
+        return max(1, round(c * self.cfg.scale))
+
+    def spec(self, label: str, policy: str, ceiling: int, seed: int, params: dict | None = None,
+             **kw) -> RunSpec:
+        """One run of ``policy`` (options: policy_params[policy] updated by ``params``)."""
+        merged = dict(self.raw["policy_params"].get(policy, {}) or {})
+        merged.update(params or {})
+        return RunSpec(
+            label=label, cluster=self.cluster, policy=policy, params=merged, ceiling=ceiling, seed=seed,
+            scale=float(self.cfg.scale), engine=self.raw["engine"], signals=self.raw["signals"],
+            mixture=self.raw["mixture"], context_limit_tokens=int(self.cfg.context_limit_tokens),
+            trace_path=self.cfg.trace, keep_timeline=(seed == self.seeds[0]), **kw,
+        )
+
+    def run(self, specs: list[RunSpec], what: str) -> list[dict]:
+        """Check every policy's options, then run ``specs`` with a progress bar."""
+        for p in {(s.policy, tuple(sorted(s.params.items(), key=str))) for s in specs}:
+            check_policy_params(p[0], dict(p[1]))
+        bar = tqdm(total=len(specs), desc=what, unit="run")
+
+        def tick(result: dict) -> None:
+            bar.set_postfix_str(f"{result['label']} s{result['seed']}: "
+                                f"{result['summary']['samples_per_min']:.2f} samples/min")
+            bar.update()
+
+        try:
+            return run_all(specs, int(self.cfg.workers), tick)
+        finally:
+            bar.close()
+
+    def write(self, results: list[dict], agg: dict, table: str, extra: dict | None = None) -> None:
+        """results.json (timelines only for the first seed) and table.md."""
+        dump_json(os.path.join(self.out, "results.json"),
+                  {"config": self.raw, "aggregate": agg, "runs": results, **(extra or {})})
+        Path(self.out, "table.md").write_text(table + "\n")
+        print(table)
+        print(f"\nresults: {self.out}")
+
+    def timelines(self, results: list[dict], labels: list[str]) -> dict[str, list[dict]]:
+        """First-seed timelines of ``labels``."""
+        tl = {r["label"]: r["timeline"] for r in results if "timeline" in r}
+        return {lb: tl[lb] for lb in labels if lb in tl}
+
+    # ------------------------------------------------------------------ experiments
+    def table5(self) -> None:
+        """Experiments 1-4 (see router/sim/experiments.py)."""
+        c = self.cluster
+        sweep = [f"cache_aware@{self.ceiling(x)}" for x in c.sweep_ceilings]
+        safe = c.safe_ceiling(self.bs, self.cfg.scale, self.cfg.context_limit_tokens)
+        high = self.ceiling(c.permissive_ceiling)
+        plan = [(lb, "cache_aware", self.ceiling(x)) for lb, x in zip(sweep, c.sweep_ceilings)]
+        plan += [("cache_aware (128K-safe)", "cache_aware", safe)]
+        plan += [(p, p, high) for p in ("session_admission", "misa", "misa_t", "aimd", "tool_pause")]
+        plan += [("cache_aware (high load)", "cache_aware", high)]
+        specs = [self.spec(lb, p, ceil, s) for lb, p, ceil in plan for s in self.seeds]
+        results = self.run(specs, f"table5 {c.name}")
+        agg = aggregate(results)
+        base = best_sweep_label(agg, sweep)
+        order = ["cache_aware (128K-safe)", base, "session_admission", "misa", "misa_t", "aimd", "tool_pause",
+                 "cache_aware (high load)"]
+        table = "\n\n".join([
+            table5_markdown(agg, base, order, f"Table 5 ({self.title}); baseline: sweep-tuned {base}"),
+            per_class_markdown(agg, order),
+            table5_markdown(agg, base, sweep, "The static-ceiling sweep of cache_aware"),
+        ])
+        self.write(results, agg, table, {"baseline": base, "safe_ceiling": safe, "permissive_ceiling": high})
+        tls = self.timelines(results, [base, "misa_t", "session_admission", "cache_aware (high load)"])
+        if "misa_t" in tls:
+            plot_caps(tls["misa_t"], os.path.join(self.out, "caps_misa_t.png"), f"MISA-T caps, {self.title}")
+        plot_hit_rate(tls, os.path.join(self.out, "hit_rate.png"), f"prefix hit rate, {self.title}")
+        plot_mixture({k: tls[k] for k in (base, "misa_t") if k in tls}, self.raw["mixture"],
+                     os.path.join(self.out, "mixture.png"), f"consumed mixture, {self.title}")
+
+    def _oracle_params(self, truth: dict, switch_s: float) -> dict:
+        return {"switch_s": switch_s, **truth}
+
+    def shift(self) -> None:
+        """Experiment 5a: workload shift mid-run, misa_t vs misa_t_oracle."""
+        high = self.ceiling(self.cluster.permissive_ceiling)
+        sh = self.raw["shift"]
+        base = self.run([self.spec("misa_t (no shift)", "misa_t", high, s) for s in self.seeds], "shift: no-shift")
+        at = {}
+        for r in base:
+            t0, t1 = r["summary"]["window_s"]
+            at[r["seed"]] = t0 + sh["at_frac"] * (t1 - t0)
+
+        def shift_of(seed: int) -> dict:
+            return {"at_s": at[seed], "rlvr_output_factor": sh["rlvr_output_factor"],
+                    "agent_tool_gap_factor": sh["agent_tool_gap_factor"]}
+
+        first = self.run(
+            [self.spec(f"{p} (shift)", p, high, s, shift=shift_of(s), record_truth=(p == "misa_t"))
+             for p in ("misa_t", "session_admission") for s in self.seeds], "shift: estimators")
+        truth = {r["seed"]: r["truth"] for r in first if r["policy"] == "misa_t"}
+        oracle = self.run(
+            [self.spec("misa_t_oracle (shift)", "misa_t_oracle", high, s,
+                       params=self._oracle_params(truth[s], at[s]), shift=shift_of(s)) for s in self.seeds],
+            "shift: oracle")
+        results = base + first + oracle
+        agg = aggregate(results)
+        order = ["misa_t (no shift)", "misa_t (shift)", "misa_t_oracle (shift)", "session_admission (shift)"]
+        table = (table5_markdown(agg, "misa_t (shift)", order,
+                                 f"Workload shift at {sh['at_frac']:.0%} of the window: rlvr outputs x"
+                                 f"{sh['rlvr_output_factor']}, agent tool gaps x{sh['agent_tool_gap_factor']} "
+                                 f"({self.title}); baseline: misa_t under the shift")
+                 + "\n\n" + per_class_markdown(agg, order))
+        self.write(results, agg, table, {"shift_at_s": at, "truth": truth})
+        tls = self.timelines(results, order)
+        if "misa_t (shift)" in tls:
+            plot_caps(tls["misa_t (shift)"], os.path.join(self.out, "caps_misa_t_shift.png"),
+                      f"MISA-T caps under the shift, {self.title}")
+        if "misa_t_oracle (shift)" in tls:
+            plot_caps(tls["misa_t_oracle (shift)"], os.path.join(self.out, "caps_oracle_shift.png"),
+                      f"oracle caps under the shift, {self.title}")
+        plot_hit_rate(tls, os.path.join(self.out, "hit_rate.png"), f"prefix hit rate, {self.title}")
+
+    def delay(self) -> None:
+        """Experiment 5b: snapshot and KV-event delay x delay_factor, misa_t vs misa_t_oracle."""
+        high = self.ceiling(self.cluster.permissive_ceiling)
+        f = float(self.cfg.delay_factor)
+        sig = dict(self.raw["signals"])
+        slow = {**sig, "metrics_delay_s": sig["metrics_delay_s"] * f, "kv_event_delay_s": sig["kv_event_delay_s"] * f}
+        tag = f"{f:g}x delay"
+        first = [self.spec("misa_t", "misa_t", high, s) for s in self.seeds]
+        first += [with_params(self.spec(f"misa_t ({tag})", "misa_t", high, s, record_truth=True), signals=slow)
+                  for s in self.seeds]
+        r1 = self.run(first, "delay: estimators")
+        truth = {r["seed"]: r["truth"] for r in r1 if "truth" in r}
+        oracle = [with_params(self.spec(f"misa_t_oracle ({tag})", "misa_t_oracle", high, s,
+                                        params=self._oracle_params(truth[s], 0.0)), signals=slow)
+                  for s in self.seeds]
+        results = r1 + self.run(oracle, "delay: oracle")
+        agg = aggregate(results)
+        order = ["misa_t", f"misa_t ({tag})", f"misa_t_oracle ({tag})"]
+        table = table5_markdown(agg, "misa_t", order, f"Snapshot delay x{f:g} ({self.title}); baseline: misa_t "
+                                f"at the normal delay") + "\n\n" + per_class_markdown(agg, order)
+        self.write(results, agg, table, {"truth": truth})
+        tls = self.timelines(results, order)
+        plot_hit_rate(tls, os.path.join(self.out, "hit_rate.png"), f"prefix hit rate, {self.title}")
+        if f"misa_t ({tag})" in tls:
+            plot_caps(tls[f"misa_t ({tag})"], os.path.join(self.out, "caps_misa_t_delay.png"),
+                      f"MISA-T caps, {tag}, {self.title}")
+
+    def sensitivity(self) -> None:
+        """Experiment 6: the open controller parameters, one at a time."""
+        high = self.ceiling(self.cluster.permissive_ceiling)
+        pol = self.cfg.sensitivity.policy
+        plan = [(f"{pol} (defaults)", {})]
+        for name, values in self.raw["sensitivity"]["params"].items():
+            plan += [(f"{pol} {name}={v}", {name: v}) for v in values]
+        results = self.run([self.spec(lb, pol, high, s, params=p) for lb, p in plan for s in self.seeds],
+                           "sensitivity")
+        agg = aggregate(results)
+        order = [lb for lb, _ in plan]
+        table = table5_markdown(agg, order[0], order, f"Sensitivity of {pol} ({self.title}); baseline: defaults")
+        self.write(results, agg, table)
+
+    def single(self) -> None:
+        """One policy at one ceiling over the seeds."""
+        pol = self.cfg.run.policy
+        ceil = self.ceiling(self.cfg.run.ceiling or self.cluster.permissive_ceiling)
+        results = self.run([self.spec(pol, pol, ceil, s) for s in self.seeds], f"run {pol}")
+        agg = aggregate(results)
+        table = table5_markdown(agg, pol, [pol], f"{pol} at ceiling {ceil} ({self.title})") + "\n\n" + \
+            per_class_markdown(agg, [pol])
+        self.write(results, agg, table)
+        tls = self.timelines(results, [pol])
+        if pol in tls:
+            plot_caps(tls[pol], os.path.join(self.out, f"caps_{pol}.png"), f"{pol} caps, {self.title}")
+            plot_mixture(tls, self.raw["mixture"], os.path.join(self.out, "mixture.png"),
+                         f"consumed mixture, {self.title}")
+
+
+EXPERIMENTS = {"table5": Experiment.table5, "shift": Experiment.shift, "delay": Experiment.delay,
+               "sensitivity": Experiment.sensitivity, "run": Experiment.single}
+
+
+@hydra.main(config_path=RECIPES, config_name="sim", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Run ``cfg.experiment``; a SimError is printed as one line and exits with status 2."""
+    try:
+        if cfg.experiment not in EXPERIMENTS:
+            raise SimError(f"unknown experiment {cfg.experiment!r}; choose one of: {', '.join(EXPERIMENTS)}")
+        out = HydraConfig.get().runtime.output_dir
+        os.makedirs(out, exist_ok=True)
+        EXPERIMENTS[cfg.experiment](Experiment(cfg, out))
+    except SimError as exc:
+        print(f"router.sim: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

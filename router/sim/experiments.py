@@ -1,0 +1,259 @@
+"""The paper's section-5 experiments, and the ones past it, on the simulator.
+
+Each experiment is a list of :class:`RunSpec` (one policy, ceiling, seed, condition) run
+in parallel processes, then aggregated over seeds (mean and standard deviation):
+
+- ``table5``: (1) cache_aware over the static ceiling sweep, the best of it ("sweep") and
+  the 128K-safe ceiling; (2) session_admission, misa, misa_t at the permissive ceiling;
+  (3) cache_aware at that ceiling (the collapse diagnostic); (4) aimd and tool_pause at
+  that ceiling. Table 5 is reported relative to the sweep-tuned cache_aware.
+- ``shift``: (5a) rlvr outputs and agent tool gaps grow mid-run; misa_t vs misa_t_oracle.
+- ``delay``: (5b) 10x snapshot (metrics and KV event) delay; misa_t vs misa_t_oracle.
+- ``sensitivity``: (6) misa_t with one open controller parameter varied at a time.
+- ``run``: one policy at one ceiling (quick checks).
+
+``scale`` shrinks the whole system, not just the trace: units, KV blocks per replica and
+every ceiling are multiplied by it, so sessions per KV block and units per ceiling stay
+as at full size (scale 1 = the paper-sized trace, 2,466 units, ~75,000 requests).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+from router.policies import make_policy
+from router.policies.base import RouterConfigError
+from router.sim.cost_model import HARDWARE, MODELS, RooflineCost, kv_blocks_for
+from router.sim.engine import EngineConfig
+from router.sim.errors import SimError
+from router.sim.simulator import SignalConfig, SimConfig, Simulation, WorkloadShift
+from router.sim.trace import read_trace
+from router.sim.workload import WorkloadConfig, generate_trace, paper_classes
+
+METRICS = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s", "decode_tok_s", "tv_distance")
+"""Scalar metrics aggregated over seeds."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A serving configuration shaped like one of the paper's (``recipes/sim/<name>.yaml``)."""
+
+    name: str
+    model: str
+    hardware: str
+    tp: int
+    instances: int
+    gpu_memory_utilization: float = 0.9
+    tool_gap_share: float = 0.066
+    turn_time_hint_s: float = 8.0
+    sweep_ceilings: tuple[int, ...] = (64, 128, 192, 256)
+    permissive_ceiling: int = 512
+
+    def kv_blocks(self, block_size: int, scale: float) -> int:
+        """KV blocks per replica (roofline memory model), times ``scale``."""
+        model, hw = _lookup(MODELS, self.model, "model"), _lookup(HARDWARE, self.hardware, "hardware")
+        return max(1, int(kv_blocks_for(model, hw, self.tp, block_size, self.gpu_memory_utilization) * scale))
+
+    def safe_ceiling(self, block_size: int, scale: float, context_limit_tokens: int) -> int:
+        """Units that fit with every session at the full context limit (the "128K-safe" ceiling)."""
+        per_replica = self.kv_blocks(block_size, scale) * block_size // context_limit_tokens
+        return max(1, per_replica * self.instances)
+
+
+def _lookup(table: dict, key: str, what: str):
+    if key not in table:
+        raise SimError(f"unknown {what} {key!r}; choose one of: {', '.join(sorted(table))}")
+    return table[key]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulation: everything a worker process needs (picklable)."""
+
+    label: str
+    cluster: ClusterSpec
+    policy: str
+    params: dict
+    ceiling: int
+    seed: int
+    scale: float
+    engine: dict
+    signals: dict
+    mixture: dict
+    context_limit_tokens: int = 131072
+    shift: dict | None = None
+    trace_path: str | None = None
+    keep_timeline: bool = False
+    record_truth: bool = False
+    tags: dict = field(default_factory=dict)
+
+
+@lru_cache(maxsize=4)
+def _trace(trace_path: str | None, seed: int, scale: float, tool_gap_share: float, turn_time_hint_s: float,
+           context_limit_tokens: int):
+    if trace_path:
+        return read_trace(trace_path)
+    classes = paper_classes(context_limit_tokens, tool_gap_share, turn_time_hint_s)
+    return generate_trace(WorkloadConfig(units=max(3, round(2466 * scale)), classes=classes,
+                                         context_limit_tokens=context_limit_tokens, seed=seed))
+
+
+def build_sim_config(spec: RunSpec) -> SimConfig:
+    """The :class:`SimConfig` of one run. Raises SimError for an invalid option."""
+    c = spec.cluster
+    eng = dict(spec.engine)
+    bs = int(eng.get("block_size", 16))
+    try:
+        engine = EngineConfig(num_blocks=c.kv_blocks(bs, spec.scale), **eng)
+        signals = SignalConfig(**spec.signals)
+    except TypeError as exc:
+        raise SimError(f"bad engine or signals option: {exc}") from None
+    cost = RooflineCost(_lookup(MODELS, c.model, "model"), _lookup(HARDWARE, c.hardware, "hardware"), c.tp)
+    shift = WorkloadShift(**spec.shift) if spec.shift else None
+    return SimConfig(
+        instances=c.instances, engine=engine, cost=cost, mixture=dict(spec.mixture), ceiling=spec.ceiling,
+        signals=signals, context_limit_tokens=spec.context_limit_tokens, shift=shift, seed=spec.seed,
+    )
+
+
+def run_one(spec: RunSpec) -> dict:
+    """Run one :class:`RunSpec`; returns ``{"spec": ..., "summary": ..., "timeline"?, "truth"?}``."""
+    c = spec.cluster
+    sessions = _trace(spec.trace_path, spec.seed, spec.scale, c.tool_gap_share, c.turn_time_hint_s,
+                      spec.context_limit_tokens)
+    cfg = build_sim_config(spec)
+    sim = Simulation(cfg, sessions, make_policy(spec.policy, spec.params))
+    result = sim.run()
+    out = {"label": spec.label, "policy": spec.policy, "params": spec.params, "ceiling": spec.ceiling,
+           "seed": spec.seed, "tags": spec.tags, "summary": result.summary}
+    if spec.keep_timeline:
+        out["timeline"] = result.timeline
+    if spec.record_truth:
+        out["truth"] = sim.log.class_truth(spec.shift["at_s"] if spec.shift else None)
+    return out
+
+
+def run_all(specs: list[RunSpec], workers: int, progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run ``specs`` on ``workers`` processes (1: in this process); results in spec order."""
+    if workers <= 1:
+        out = []
+        for s in specs:
+            out.append(run_one(s))
+            if progress:
+                progress(out[-1])
+        return out
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_one, s) for s in specs]
+        out = []
+        for f in futures:
+            out.append(f.result())
+            if progress:
+                progress(out[-1])
+        return out
+
+
+# --------------------------------------------------------------------------- aggregation
+def aggregate(results: list[dict]) -> dict[str, dict]:
+    """Mean and standard deviation over seeds of every metric, per run label."""
+    by_label: dict[str, list[dict]] = {}
+    for r in results:
+        by_label.setdefault(r["label"], []).append(r)
+    out = {}
+    for label, rs in by_label.items():
+        row: dict[str, Any] = {"policy": rs[0]["policy"], "ceiling": rs[0]["ceiling"], "seeds": len(rs),
+                               "tags": rs[0]["tags"]}
+        for m in METRICS:
+            vals = [r["summary"][m] for r in rs]
+            row[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+        classes = sorted({b for r in rs for b in r["summary"]["consumed_mixture"]})
+        row["consumed_mixture"] = {b: statistics.fmean(r["summary"]["consumed_mixture"].get(b, 0.0) for r in rs)
+                                   for b in classes}
+        comp = {}
+        for b in sorted({b for r in rs for b in r["summary"]["completion_s"]}):
+            for q in ("p50", "p95"):
+                vals = [r["summary"]["completion_s"][b][q] for r in rs if b in r["summary"]["completion_s"]]
+                comp.setdefault(b, {})[q] = statistics.fmean(vals)
+        row["completion_s"] = comp
+        row["preemptions"] = statistics.fmean(r["summary"]["preemptions"] for r in rs)
+        out[label] = row
+    return out
+
+
+def _rel(row: dict, base: dict, m: str) -> tuple[float, float]:
+    """Mean and spread (std over mean, in %) of ``m`` relative to ``base``'s mean, in %."""
+    b = base[m]["mean"] or 1e-12
+    return 100 * (row[m]["mean"] / b - 1), 100 * row[m]["std"] / b
+
+
+def table5_markdown(agg: dict[str, dict], baseline: str, order: list[str], title: str) -> str:
+    """A table like the paper's Table 5: change vs ``baseline`` (mean ± std over seeds, %)."""
+    base = agg[baseline]
+    lines = [f"### {title}", "",
+             "| Router | ceiling | Sample rate | RPM | Prefill TPS | Decode TPS | Prefix hit | TV dist (pp) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label in order:
+        if label not in agg:
+            continue
+        row = agg[label]
+        cells = []
+        for m in ("samples_per_min", "requests_per_min", "prefill_tok_s", "decode_tok_s"):
+            d, s = _rel(row, base, m)
+            cells.append(f"{d:+.1f}% ± {s:.1f}")
+        hit = row["prefix_hit_rate"]
+        tv = row["tv_distance"]
+        lines.append(f"| {label} | {row['ceiling']} | " + " | ".join(cells)
+                     + f" | {100 * hit['mean']:.1f}% ± {100 * hit['std']:.1f} | {100 * tv['mean']:.2f} |")
+    b = base
+    lines += ["", f"Baseline {baseline}: {b['samples_per_min']['mean']:.2f} samples/min, "
+              f"{b['requests_per_min']['mean']:.1f} requests/min, {b['prefill_tok_s']['mean']:.0f} prefill tok/s, "
+              f"{b['decode_tok_s']['mean']:.0f} decode tok/s (mean over {b['seeds']} seeds)."]
+    return "\n".join(lines)
+
+
+def per_class_markdown(agg: dict[str, dict], order: list[str]) -> str:
+    """Consumed mixture and per-class p50/p95 unit completion time (s) per run."""
+    lines = ["| Router | mixture agent/rlvr/rlhf (%) | agent p50/p95 s | rlvr p50/p95 s | rlhf p50/p95 s |",
+             "|---|---|---|---|---|"]
+    for label in order:
+        if label not in agg:
+            continue
+        row = agg[label]
+        mix = "/".join(f"{100 * row['consumed_mixture'].get(b, 0):.1f}" for b in ("agent", "rlvr", "rlhf"))
+        comp = [f"{row['completion_s'].get(b, {}).get('p50', math.nan):.0f}/"
+                f"{row['completion_s'].get(b, {}).get('p95', math.nan):.0f}" for b in ("agent", "rlvr", "rlhf")]
+        lines.append(f"| {label} | {mix} | " + " | ".join(comp) + " |")
+    return "\n".join(lines)
+
+
+def best_sweep_label(agg: dict[str, dict], labels: list[str]) -> str:
+    """The sweep run with the highest mean sample rate (the paper's sweep-tuned baseline)."""
+    present = [lb for lb in labels if lb in agg]
+    if not present:
+        raise SimError("no sweep runs to choose a baseline from")
+    return max(present, key=lambda lb: agg[lb]["samples_per_min"]["mean"])
+
+
+def check_policy_params(policy: str, params: dict) -> None:
+    """Build the policy once so a bad option fails before any run starts (SimError)."""
+    try:
+        make_policy(policy, params)
+    except RouterConfigError as exc:
+        raise SimError(str(exc)) from None
+
+
+def with_params(spec: RunSpec, **changes: Any) -> RunSpec:
+    """A copy of ``spec`` with fields changed."""
+    return replace(spec, **changes)
+
+
+def dump_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as indented JSON."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, default=float)

@@ -1,0 +1,71 @@
+"""Plots of a simulator experiment (matplotlib, Agg): caps, hit rate and consumed mixture over time.
+
+Like the paper's Figure 4 (admission caps under prefix-cache pressure) and Figure 3
+(cumulative consumed mixture against the trainer's target).
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+CLASS_COLORS = {"agent": "tab:blue", "rlvr": "tab:orange", "rlhf": "tab:green"}
+
+
+def plot_caps(timeline: list[dict], path: str, title: str) -> None:
+    """Every cap a policy reports (``timeline[i]["caps"]``) over simulated time, and its hit rate."""
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    keys = sorted({k for p in timeline for k in p["caps"]})
+    t = [p["t_s"] / 60 for p in timeline]
+    for k in keys:
+        ax.step(t, [p["caps"].get(k) for p in timeline], where="post", label=k, lw=1)
+    ax.set_ylabel("cap (sessions)")
+    ax.set_title(title)
+    if keys:
+        ax.legend(fontsize=6, ncol=3)
+    ax2.plot(t, [p["hit_rate"] for p in timeline], lw=1, color="k")
+    ax2.set_ylabel("prefix hit rate")
+    ax2.set_xlabel("simulated time (min)")
+    ax2.set_ylim(0, 1.02)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_hit_rate(timelines: dict[str, list[dict]], path: str, title: str) -> None:
+    """Prefix hit rate per timeline period, one line per run."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for label, tl in timelines.items():
+        ax.plot([p["t_s"] / 60 for p in tl], [p["hit_rate"] for p in tl], lw=1, label=label)
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel("prefix hit rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_mixture(timelines: dict[str, list[dict]], target: dict[str, float], path: str, title: str) -> None:
+    """Cumulative consumed mixture per class (solid / dashed per run) and the target (dotted)."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    total = sum(target.values())
+    styles = ["-", "--", "-.", ":"]
+    for i, (label, tl) in enumerate(timelines.items()):
+        for b, color in CLASS_COLORS.items():
+            pts = [(p["t_s"] / 60, p["mixture"].get(b)) for p in tl if p["mixture"]]
+            if pts:
+                ax.plot(*zip(*pts), styles[i % len(styles)], color=color, lw=1, label=f"{label} {b}")
+    for b, color in CLASS_COLORS.items():
+        if b in target:
+            ax.axhline(target[b] / total, color=color, ls=":", lw=0.8)
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel("consumed share")
+    ax.set_title(title)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
