@@ -1,0 +1,137 @@
+"""Math benchmarks: GSM8K test and a held-out split of the generated arithmetic tasks.
+
+Each sample is one chat completion; it passes when math-verify finds its answer
+(``\\boxed{}`` preferred, else the last number/expression) equivalent to the gold answer
+(``rl.rewards.MathVerifyReward``, the training reward, so evaluation and training agree).
+
+Held-out arithmetic: the generator (``rl.data.arithmetic``) draws from a small space (162
+distinct level-1 problems), so "a different seed" is not held out. Problems are instead
+split by a hash of their question text: bucket ``crc32(text) % holdout_buckets == 0`` is
+the evaluation split (``is_heldout_arithmetic``), the same in every run. The training
+sampler must skip that bucket for the split to be truly unseen.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rl.data.arithmetic import ArithmeticSource
+from rl.data.base import DataError, Prompt
+from rl.data.gsm8k import GSM8KSource
+from rl.evaluation.base import ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext, SampleResult, draw_chat, sample_key
+from rollout.client import ClientError
+
+
+def is_heldout_arithmetic(question: str, holdout_buckets: int) -> bool:
+    """True when ``question`` (the prompt's user text) falls in the held-out bucket."""
+    return zlib.crc32(question.encode()) % holdout_buckets == 0
+
+
+@dataclass
+class MathBenchmark:
+    """Math word problems graded by answer equivalence.
+
+    Args:
+        name: benchmark name in results.
+        prompts: the problems (``Prompt.reference`` holds the gold answer).
+        workload_class: X-Workload-Class of the samples' requests.
+    """
+
+    name: str
+    prompts: list[Prompt]
+    workload_class: str = "rlvr"
+
+    async def problems(self) -> list[EvalProblem]:
+        """One problem per prompt; ``payload`` is the prompt's dict."""
+        return [EvalProblem(p.prompt_id, p.to_dict()) for p in self.prompts]
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    async def sample(self, problem: EvalProblem, sample_index: int,
+                     ctx: SampleContext) -> SampleResult:
+        """One completion, graded with math-verify against the gold answer."""
+        from rl.rewards import MathVerifyReward, RewardError
+
+        prompt = Prompt.from_dict(problem.payload)
+        key = sample_key(self.name, problem.problem_id, sample_index)
+        result = dict(benchmark=self.name, problem_id=problem.problem_id, sample_index=sample_index)
+        try:
+            text = await draw_chat(ctx, key, list(prompt.messages), self.workload_class)
+        except ClientError as e:
+            return SampleResult(**result, outcome=ERROR, error=str(e))
+        try:
+            reward = MathVerifyReward()(prompt, text)
+        except RewardError as e:
+            return SampleResult(**result, outcome=ERROR, answer=text, error=str(e))
+        return SampleResult(**result, outcome=PASS if reward > 0 else FAIL, answer=text,
+                            detail={"gold": prompt.reference})
+
+
+def gsm8k_benchmark(path: str | Path, limit: int | None = None,
+                    workload_class: str = "rlvr") -> MathBenchmark:
+    """GSM8K test problems from ``path`` (a JSONL file, or a folder holding ``test.jsonl``).
+
+    Args:
+        path: file or folder.
+        limit: first ``limit`` problems only (None = all).
+        workload_class: X-Workload-Class of the samples' requests.
+
+    Raises:
+        EvalError: the file is missing or malformed (the message names the line).
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "test.jsonl"
+    try:
+        source = GSM8KSource(str(p), split="test")
+    except DataError as e:
+        raise EvalError(f"gsm8k benchmark: {e}. Download GSM8K's test split as JSONL "
+                        "(question/answer per line) and set eval.benchmarks.gsm8k.path.") from None
+    count = len(source) if limit is None else min(limit, len(source))
+    return MathBenchmark("gsm8k", [source.prompt(i) for i in range(count)], workload_class)
+
+
+def arithmetic_heldout_benchmark(num_problems: int, seed: int = 0, levels=(1, 2, 3, 4, 5),
+                                 holdout_buckets: int = 10, max_draws: int = 100_000,
+                                 workload_class: str = "rlvr") -> MathBenchmark:
+    """``num_problems`` distinct generated problems from the held-out bucket.
+
+    Args:
+        num_problems: problems wanted.
+        seed: generator seed (the same seed gives the same problems).
+        levels: difficulty levels drawn from (``rl.data.arithmetic``).
+        holdout_buckets: 1 in ``holdout_buckets`` of all problems is held out.
+        max_draws: give up drawing after this many tries (the held-out part of small
+            levels runs out).
+
+    Raises:
+        EvalError: bad levels, or fewer than ``num_problems`` held-out problems exist in
+            the levels asked for.
+    """
+    try:
+        source = ArithmeticSource(levels=levels, name="arithmetic")
+    except DataError as e:
+        raise EvalError(f"arithmetic benchmark: {e}") from None
+    rng = np.random.default_rng(seed)
+    seen: set[str] = set()
+    prompts: list[Prompt] = []
+    for _ in range(max_draws):
+        if len(prompts) >= num_problems:
+            break
+        p = source.draw(rng)
+        question = p.messages[-1]["content"]
+        if question in seen or not is_heldout_arithmetic(question, holdout_buckets):
+            continue
+        seen.add(question)
+        prompts.append(Prompt(f"arithmetic/heldout/{len(prompts)}", p.domain, p.messages,
+                              p.reference, p.metadata))
+    if len(prompts) < num_problems:
+        raise EvalError(f"arithmetic benchmark: only {len(prompts)} distinct held-out problems "
+                        f"found for levels {list(levels)} after {max_draws} draws; ask for fewer "
+                        "(eval.benchmarks.arithmetic.num_problems) or add harder levels.")
+    return MathBenchmark("arithmetic", prompts, workload_class)

@@ -1,0 +1,170 @@
+"""``evaluate``: draw n samples per problem through a running router, grade, report pass@k.
+
+This is the library function both ``python -m rl.eval`` and the trainer call (the
+trainer passes its own router URL every N iterations)::
+
+    report = evaluate([gsm8k_benchmark(path, limit=20)], router_url, "smollm2-135m",
+                      EvalSettings(n=4, ks=(1, 2, 4)), out_dir=run_dir / "eval" / "it0100")
+    report["gsm8k"]["metrics"]["pass@1"]["mean"]
+
+Samples run concurrently (``EvalSettings.concurrency``), each finished one is appended to
+``<out_dir>/samples.jsonl`` at once, and a rerun on the same folder draws only what is
+missing (``rl.evaluation.results``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from rl.evaluation.base import ERROR, Benchmark, EvalError, EvalProblem, SampleContext, SampleResult
+from rl.evaluation.results import (ResultsLog, benchmark_report, check_settings, markdown_table,
+                                   plot_passk, summarize_problems)
+from rl.evaluation.swe import SweBenchmark, write_predictions
+from rollout.client import RolloutClient
+
+log = logging.getLogger("rl.eval")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How many samples, which k, how to sample.
+
+    Attributes:
+        n: samples per problem.
+        ks: budgets k of pass@k and pass^k; each in 1..n.
+        temperature, top_p: sampling settings of every model call.
+        max_tokens: completion budget of a single-turn sample (math, code).
+        seed: base seed of the per-sample seeds.
+        concurrency: samples in flight at once.
+        retry_errors: on a rerun, draw again the samples that ended in an error.
+        run_id: prefix of the session ids (X-Session-Id) of this evaluation.
+    """
+
+    n: int = 1
+    ks: tuple[int, ...] = (1,)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int = 0
+    concurrency: int = 8
+    retry_errors: bool = True
+    run_id: str = "eval"
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise EvalError(f"eval.n={self.n}: need at least 1 sample per problem.")
+        bad = [k for k in self.ks if not 1 <= k <= self.n]
+        if not self.ks or bad:
+            raise EvalError(f"eval.ks={list(self.ks)}: every k must be in 1..n={self.n} "
+                            "(pass@k needs k samples); raise eval.n or drop those k.")
+        if self.concurrency < 1:
+            raise EvalError(f"eval.concurrency={self.concurrency}: must be >= 1.")
+
+    def sampling(self) -> dict[str, Any]:
+        """The settings that change what a sample is (a results folder is tied to them)."""
+        return {"temperature": self.temperature, "top_p": self.top_p,
+                "max_tokens": self.max_tokens, "seed": self.seed}
+
+
+async def _one(bench: Benchmark, problem: EvalProblem, i: int, ctx: SampleContext,
+               sem: asyncio.Semaphore) -> SampleResult:
+    async with sem:
+        try:
+            return await bench.sample(problem, i, ctx)
+        except Exception as e:  # a bug or a surprise in one instance must not stop the rest
+            log.warning("%s %s sample %d: %s: %s", bench.name, problem.problem_id, i,
+                        type(e).__name__, e)
+            return SampleResult(bench.name, problem.problem_id, i, ERROR,
+                                error=f"{type(e).__name__}: {e}")
+
+
+async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model: str,
+                         settings: EvalSettings, out_dir: str | Path | None = None,
+                         progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Evaluate ``benchmarks`` through the router at ``router_url``; see ``evaluate``."""
+    if not benchmarks:
+        raise EvalError("no benchmark selected; enable at least one under eval.benchmarks.")
+    names = [b.name for b in benchmarks]
+    if len(set(names)) != len(names):
+        raise EvalError(f"benchmark names repeat: {names}")
+    tmp = tempfile.TemporaryDirectory(prefix="eval-") if out_dir is None else None
+    out = Path(tmp.name if tmp else out_dir)
+    check_settings(out / "settings.json", {"model": model, **settings.sampling()})
+    problems = {b.name: await b.problems() for b in benchmarks}
+    client = RolloutClient(router_url, model)
+    ctx = SampleContext(client, router_url, model, settings.temperature, settings.top_p,
+                        settings.max_tokens, settings.seed, settings.run_id)
+    sem = asyncio.Semaphore(settings.concurrency)
+    with ResultsLog(out / "samples.jsonl", replace_errors=settings.retry_errors) as results:
+        todo = [(b, p, i) for b in benchmarks for p in problems[b.name] if not p.error
+                for i in range(settings.n)
+                if not results.has(b.name, p.problem_id, i)]
+        bar = tqdm(total=len(todo), desc="eval samples", unit="sample", disable=not progress)
+        try:
+            for next_done in asyncio.as_completed([_one(b, p, i, ctx, sem) for b, p, i in todo]):
+                result = await next_done
+                results.append(result)
+                bar.update(1)
+                bar.set_postfix_str(f"{result.benchmark} {result.outcome}")
+        finally:
+            bar.close()
+            await client.aclose()
+            for b in benchmarks:
+                await b.aclose()
+        report = {b.name: benchmark_report(
+            summarize_problems(problems[b.name], results.results, b.name, settings.n),
+            list(settings.ks), settings.n) for b in benchmarks}
+        for b in benchmarks:
+            if isinstance(b, SweBenchmark):
+                report[b.name]["predictions"] = [
+                    str(p) for p in write_predictions(results.results.values(), model, out, b.name)]
+    write_report(report, settings, model, out)
+    if tmp is not None:
+        tmp.cleanup()
+    return report
+
+
+def write_report(report: dict[str, dict[str, Any]], settings: EvalSettings, model: str,
+                 out_dir: Path) -> None:
+    """``report.json`` (settings, figures, every per-problem result), ``report.md``
+    (the table) and ``passk.png`` (the plot) in ``out_dir``."""
+    ks = list(settings.ks)
+    (out_dir / "report.json").write_text(json.dumps(
+        {"model": model, "settings": asdict(settings), "benchmarks": report}, indent=2))
+    (out_dir / "report.md").write_text(markdown_table(report, ks))
+    if any(r["metrics"] for r in report.values()):
+        plot_passk(report, ks, out_dir / "passk.png")
+
+
+def evaluate(benchmarks: Sequence[Benchmark], router_url: str, model: str,
+             settings: EvalSettings, out_dir: str | Path | None = None,
+             progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Draw ``settings.n`` samples per problem of each benchmark, grade them, report pass@k.
+
+    Args:
+        benchmarks: e.g. ``[gsm8k_benchmark(...), HumanEvalBenchmark(limit=20), SweBenchmark(...)]``.
+        router_url: base URL of the running router (or one engine), without ``/v1``.
+        model: the served model name.
+        settings: n, ks, sampling, concurrency.
+        out_dir: results folder (resumable: rerunning on it draws only missing samples);
+            None = a temporary folder, removed afterwards.
+        progress: show a progress bar.
+
+    Returns:
+        benchmark name -> ``results.benchmark_report`` dict (``metrics`` with pass@k and
+        pass^k for each k and their 95% intervals, ``num_scored``, ``num_errors``,
+        ``problems``; ``predictions`` files for SWE benchmarks).
+
+    Raises:
+        EvalError: bad settings, a benchmark file missing, or ``out_dir`` holding results
+            made with another model or other sampling settings.
+    """
+    return asyncio.run(evaluate_async(benchmarks, router_url, model, settings, out_dir, progress))

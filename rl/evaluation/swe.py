@@ -1,0 +1,300 @@
+"""SWE-style benchmarks: instances in the SWE-bench format run as agent episodes.
+
+Input: a JSONL of instances (``agents/envs/task.py``: the project's tasks, or SWE-bench
+Lite / Verified rows). SWE-bench rows carry ``FAIL_TO_PASS``/``PASS_TO_PASS`` as
+JSON-encoded strings and no local ``snapshot``; both are accepted: the lists are decoded,
+and a missing snapshot is looked up as ``<snapshots_dir>/<instance_id>`` (a checkout of
+the repository at ``base_commit``, prepared by the user). A ``test_patch`` (SWE-bench's
+new tests) is applied before grading.
+
+Each sample is one episode of the agent loop (``agents.loop.run_episode``) through the
+router. Grading is SWE-bench's resolved rule, run locally in the sandbox: the episode's
+patch is applied to a fresh copy of the snapshot (then the ``test_patch``), and the
+instance is resolved when every FAIL_TO_PASS test passes and every PASS_TO_PASS test
+still passes. The patches are also written in the SWE-bench predictions format
+(``instance_id``, ``model_name_or_path``, ``model_patch``; one file per sample index) so
+that the official harness can grade them where Docker exists:
+
+    python -m swebench.harness.run_evaluation --dataset_name <instances.jsonl> \\
+        --predictions_path <out_dir>/swe_predictions.sample0.jsonl --run_id eval0
+
+Before sampling, each instance is checked on its unchanged snapshot: PASS_TO_PASS tests
+must pass and FAIL_TO_PASS tests must not all pass already; an instance whose tests do not
+run is reported as an error, never as a failed or passed sample.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import httpx
+
+from agents.chat import ChatFormat, ChatRenderer, Tokenizer
+from agents.envs.task import Task, TaskError, TestReport, evaluate
+from agents.loop import EpisodeConfig, run_episode
+from agents.model_client import ModelClient, SessionHeaders
+from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
+                                SampleResult, sample_key, sample_seed)
+from sandbox import Limits, SandboxError, Workspace
+
+_LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
+
+
+def _instance_dict(obj: Any, snapshots_dir: Path | None, base_dir: Path) -> dict[str, Any]:
+    """Normalise one SWE-bench row to the project's task format.
+
+    Raises:
+        TaskError: not an object, list fields that are not JSON lists, no snapshot found.
+    """
+    if not isinstance(obj, dict):
+        raise TaskError("instance is not a JSON object")
+    obj = dict(obj)
+    name = obj.get("instance_id", "<no instance_id>")
+    for key in _LIST_FIELDS:
+        if isinstance(obj.get(key), str):
+            try:
+                obj[key] = json.loads(obj[key])
+            except json.JSONDecodeError:
+                raise TaskError(f"task {name}: {key} is a string but not a JSON list") from None
+    if "snapshot" not in obj and snapshots_dir is not None and "instance_id" in obj:
+        obj["snapshot"] = str(snapshots_dir / str(obj["instance_id"]))
+    if "snapshot" not in obj:
+        raise TaskError(f"task {name}: no 'snapshot' folder; give one per instance or set "
+                        "eval.benchmarks.swe.snapshots_dir to a folder of <instance_id>/ "
+                        "checkouts at base_commit")
+    snapshot = Path(obj["snapshot"])
+    if not snapshot.is_absolute():
+        snapshot = base_dir / snapshot
+    if not snapshot.is_dir():
+        raise TaskError(f"task {name}: snapshot folder {snapshot} does not exist")
+    return obj
+
+
+def load_instances(path: str | Path, snapshots_dir: str | Path | None = None) -> list[EvalProblem]:
+    """Read a JSONL of SWE-style instances; a bad line becomes a problem with its error.
+
+    Args:
+        path: the JSONL file.
+        snapshots_dir: where snapshots of instances without a ``snapshot`` field lie.
+
+    Returns:
+        Problems in file order; ``payload`` = the task dict (``Task.to_dict``) plus
+        ``test_patch``; ``error`` set for a line that is not JSON, an instance missing a
+        field, a snapshot that does not exist, or a repeated instance_id.
+
+    Raises:
+        EvalError: the file does not exist.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise EvalError(f"swe benchmark: instances file {path} does not exist; give a JSONL "
+                        "of SWE-bench-format instances (eval.benchmarks.swe.path).")
+    snaps = Path(snapshots_dir).expanduser() if snapshots_dir else None
+    problems: list[EvalProblem] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        fallback_id = f"{path.name}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(EvalProblem(fallback_id, error=f"{path}:{lineno}: not JSON ({e.msg})"))
+            continue
+        iid = str(obj.get("instance_id", fallback_id)) if isinstance(obj, dict) else fallback_id
+        if iid in seen:
+            problems.append(EvalProblem(f"{iid}@{lineno}",
+                                        error=f"{path}:{lineno}: instance_id {iid} repeated"))
+            continue
+        seen.add(iid)
+        try:
+            obj = _instance_dict(obj, snaps, path.parent)
+            task = Task.from_dict(obj, base_dir=path.parent)
+        except (TaskError, TypeError, ValueError) as e:
+            problems.append(EvalProblem(iid, error=f"{path}:{lineno}: {e}"))
+            continue
+        problems.append(EvalProblem(iid, {**task.to_dict(), "test_patch": obj.get("test_patch") or ""}))
+    return problems
+
+
+def task_of(problem: EvalProblem) -> Task:
+    """The ``Task`` of a problem built by ``load_instances``."""
+    return Task.from_dict({k: v for k, v in problem.payload.items() if k != "test_patch"})
+
+
+async def grade_patch(task: Task, patch: str, test_patch: str = "",
+                      isolation=None, limits: Limits | None = None) -> tuple[bool, dict[str, Any]]:
+    """SWE-bench's resolved rule for ``patch``, run in a fresh sandboxed copy of the snapshot.
+
+    Args:
+        task: the instance.
+        patch: the model's unified diff ('' = no change).
+        test_patch: the instance's new tests, applied after ``patch``.
+        isolation, limits: sandbox settings of the test run.
+
+    Returns:
+        (resolved, detail): resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passes;
+        detail holds the per-test outcomes, or ``patch_error`` when the patch does not apply
+        (not resolved: the model's fault).
+
+    Raises:
+        SandboxError: the snapshot is missing or the sandbox cannot start, or the
+            instance's own ``test_patch`` does not apply (the instance's fault).
+    """
+    async with Workspace.create(task.snapshot, isolation=isolation, limits=limits) as ws:
+        try:
+            await ws.apply_patch(patch)
+        except SandboxError as e:
+            return False, {"patch_error": str(e)[:1000]}
+        await ws.apply_patch(test_patch)
+        reward, report = await evaluate(ws, task, limits)
+    return reward > 0, {"test_outcomes": report.outcomes}
+
+
+async def instance_problem(task: Task, test_patch: str = "", isolation=None,
+                           limits: Limits | None = None) -> str:
+    """Why ``task`` cannot be evaluated ('' when it can): its tests on the unchanged snapshot.
+
+    PASS_TO_PASS tests must pass and FAIL_TO_PASS tests must not all pass already.
+
+    Raises:
+        SandboxError: the sandbox cannot start.
+    """
+    async with Workspace.create(task.snapshot, isolation=isolation, limits=limits) as ws:
+        try:
+            await ws.apply_patch(test_patch)
+        except SandboxError as e:
+            return f"instance {task.instance_id}: its test_patch does not apply: {e}"
+        _reward, report = await evaluate(ws, task, limits)
+    broken = [t for t in task.PASS_TO_PASS if not report.passed(t)]
+    if broken:
+        return (f"instance {task.instance_id}: its tests do not run: PASS_TO_PASS "
+                f"{_describe(report, broken)} not passing on the unchanged snapshot; check "
+                "test_cmd, the snapshot and the test ids")
+    if task.FAIL_TO_PASS and all(report.passed(t) for t in task.FAIL_TO_PASS):
+        return (f"instance {task.instance_id}: every FAIL_TO_PASS test already passes on the "
+                "unchanged snapshot; the instance is not a bug")
+    return ""
+
+
+def _describe(report: TestReport, ids: list[str]) -> str:
+    return "; ".join(f"{t} ({report.outcomes.get(t)}: {report.messages.get(t, '')})" for t in ids[:3])
+
+
+@dataclass
+class SweBenchmark:
+    """SWE-style instances run as agent episodes and graded by the resolved rule.
+
+    Args:
+        path: JSONL of instances.
+        tokenizer: the served model's tokenizer (token-exact episodes, ``agents.chat``).
+        episode: limits, sandbox and prompt settings of each episode.
+        chat_format: the model's chat template pieces.
+        snapshots_dir: folder of ``<instance_id>/`` snapshots for rows without one.
+        limit: first ``limit`` instances only (None = all).
+        validate: check each instance's tests on its unchanged snapshot first.
+        model_timeout_s, model_retries: per model call.
+        workload_class: X-Workload-Class of the episodes' requests.
+
+    Raises:
+        EvalError (from ``problems``): the file does not exist.
+    """
+
+    path: str
+    tokenizer: Tokenizer
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    chat_format: ChatFormat = field(default_factory=ChatFormat)
+    snapshots_dir: str | None = None
+    limit: int | None = None
+    validate: bool = True
+    model_timeout_s: float = 600.0
+    model_retries: int = 2
+    workload_class: str = "agent"
+    name: str = "swe"
+
+    def __post_init__(self) -> None:
+        self.renderer = ChatRenderer(self.tokenizer, self.chat_format)
+        self._http: httpx.AsyncClient | None = None
+
+    async def problems(self) -> list[EvalProblem]:
+        """Instances in file order, each checked (``validate``) on its snapshot."""
+        problems = load_instances(self.path, self.snapshots_dir)
+        if self.limit is not None:
+            problems = problems[: self.limit]
+        if not self.validate:
+            return problems
+        out = []
+        for p in problems:
+            if not p.error:
+                try:
+                    error = await instance_problem(task_of(p), p.payload["test_patch"],
+                                                   self.episode.isolation, self.episode.test_limits)
+                except SandboxError as e:
+                    error = f"instance {p.problem_id}: sandbox failed: {e}"
+                p = EvalProblem(p.problem_id, p.payload, error)
+            out.append(p)
+        return out
+
+    async def sample(self, problem: EvalProblem, sample_index: int,
+                     ctx: SampleContext) -> SampleResult:
+        """One agent episode on the instance; its patch graded by the resolved rule."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+        key = sample_key(self.name, problem.problem_id, sample_index)
+        task = task_of(problem)
+        client = ModelClient(self._http, ctx.base_url, ctx.model,
+                             {"temperature": ctx.temperature, "top_p": ctx.top_p,
+                              "seed": sample_seed(ctx.seed, key)},
+                             timeout_s=self.model_timeout_s, retries=self.model_retries)
+        session = SessionHeaders(f"{ctx.run_id}/{key}", self.workload_class,
+                                 group_id=f"{ctx.run_id}/{self.name}/{problem.problem_id}")
+        episode = await run_episode(task, session, client, self.renderer, self.episode)
+        result = dict(benchmark=self.name, problem_id=problem.problem_id,
+                      sample_index=sample_index, answer=episode.patch)
+        detail = {"status": episode.status, "turns": len(episode.turns),
+                  "model_s": episode.model_s, "tool_s": episode.tool_s}
+        if episode.status in ("model_error", "sandbox_error"):
+            return SampleResult(**result, outcome=ERROR, detail=detail, error=episode.error)
+        test_patch = problem.payload.get("test_patch", "")
+        if not test_patch:  # the episode's own reward is the resolved rule on the same tree
+            resolved, grading = episode.reward > 0, {"test_outcomes": episode.test_outcomes}
+        else:
+            try:
+                resolved, grading = await grade_patch(task, episode.patch, test_patch,
+                                                      self.episode.isolation, self.episode.test_limits)
+            except SandboxError as e:
+                return SampleResult(**result, outcome=ERROR, detail=detail, error=str(e))
+        return SampleResult(**result, outcome=PASS if resolved else FAIL, detail={**detail, **grading})
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the episodes (a new one is made on the next sample)."""
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+def write_predictions(results: Iterable[SampleResult], model_name: str, out_dir: Path,
+                      benchmark: str = "swe") -> list[Path]:
+    """SWE-bench predictions files, one per sample index: ``swe_predictions.sample<j>.jsonl``.
+
+    Each line is ``{"instance_id", "model_name_or_path", "model_patch"}`` (the official
+    harness's input); errored samples are left out.
+
+    Returns:
+        The files written, by sample index.
+    """
+    by_sample: dict[int, list[dict[str, str]]] = {}
+    for r in results:
+        if r.benchmark != benchmark or r.outcome == ERROR:
+            continue
+        by_sample.setdefault(r.sample_index, []).append(
+            {"instance_id": r.problem_id, "model_name_or_path": model_name, "model_patch": r.answer})
+    paths = []
+    for j in sorted(by_sample):
+        p = out_dir / f"{benchmark}_predictions.sample{j}.jsonl"
+        p.write_text("".join(json.dumps(row) + "\n" for row in sorted(by_sample[j], key=lambda x: x["instance_id"])))
+        paths.append(p)
+    return paths
