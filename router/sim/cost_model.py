@@ -6,9 +6,12 @@ decode sequences. Its duration depends on
 - ``prefill_tokens``: new prompt tokens computed this step (cache hits excluded),
 - ``decode_seqs``: sequences emitting one token this step,
 - ``context_tokens``: tokens of KV the step's attention reads (sum over the batch of
-  each sequence's context length).
+  each sequence's context length after the step),
+- ``attention_pairs``: query-key pairs the step's attention computes (a decode token
+  attends its whole context; a prefill chunk of n tokens after c cached ones attends
+  n*c + n(n+1)/2). This is what makes a cold 40K-token prompt expensive.
 
-Two models give ``step_time_s(prefill_tokens, decode_seqs, context_tokens)``:
+Two models give ``step_time_s(prefill_tokens, decode_seqs, context_tokens, attention_pairs)``:
 
 - :class:`RooflineCost`: an analytic roofline from the model's shape (parameters, active
   parameters for MoE, layers, KV heads, head size) and the hardware (FLOP/s, memory
@@ -96,9 +99,9 @@ MODELS: dict[str, ModelShape] = {
 class RooflineCost:
     """Analytic step time: max(compute time, memory time) + a fixed per-step overhead.
 
-    compute = 2 * active_params * tokens + 4 * layers * q_heads * head_dim * attended
-    memory  = weight bytes touched + KV bytes read
-    where tokens = prefill_tokens + decode_seqs and attended = context_tokens. For MoE the
+    compute = 2 * active_params * tokens + 4 * layers * q_heads * head_dim * attention_pairs
+    memory  = weight bytes touched + KV bytes of context_tokens
+    where tokens = prefill_tokens + decode_seqs. For MoE the
     weights touched in a step grow with the tokens in it: each expert parameter is read
     if at least one token routes to it, 1 - (1 - active/total)^tokens of them.
 
@@ -114,13 +117,16 @@ class RooflineCost:
     mbu: float = 0.7
     overhead_s: float = 0.004
 
-    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        """Seconds for one step; all arguments are counts (tokens / sequences / tokens)."""
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
+                    attention_pairs: float | None = None) -> float:
+        """Seconds for one step (counts as in the module docstring; ``attention_pairs``
+        defaults to ``context_tokens``, i.e. one query per sequence)."""
         m = self.model
         tokens = prefill_tokens + decode_seqs
         if tokens <= 0:
             return 0.0
-        flops = 2.0 * m.active_params * tokens + 4.0 * m.layers * m.q_heads * m.head_dim * context_tokens
+        pairs = context_tokens if attention_pairs is None else attention_pairs
+        flops = 2.0 * m.active_params * tokens + 4.0 * m.layers * m.q_heads * m.head_dim * pairs
         expert_params = m.total_params - m.active_params
         touched_frac = 1.0 - (1.0 - m.active_params / m.total_params) ** tokens if expert_params > 0 else 1.0
         weight_bytes = m.bytes_per_param * (m.active_params + expert_params * touched_frac)
@@ -139,8 +145,10 @@ class LinearStepCost:
     c_decode_s: float
     c_context_s: float = 0.0
 
-    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        """Seconds for one step (counts as in :meth:`RooflineCost.step_time_s`)."""
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
+                    attention_pairs: float | None = None) -> float:
+        """Seconds for one step (counts as in :meth:`RooflineCost.step_time_s`; the fitted
+        profile folds attention into the per-token terms and ignores ``attention_pairs``)."""
         if prefill_tokens + decode_seqs <= 0:
             return 0.0
         return (

@@ -116,7 +116,8 @@ class Engine:
     Args:
         instance: the instance id.
         config: :class:`EngineConfig`.
-        cost: an object with ``step_time_s(prefill_tokens, decode_seqs, context_tokens)``.
+        cost: an object with ``step_time_s(prefill_tokens, decode_seqs, context_tokens,
+            attention_pairs)`` (``router/sim/cost_model.py``).
     """
 
     def __init__(self, instance: str, config: EngineConfig, cost) -> None:
@@ -261,11 +262,15 @@ class Engine:
         if not plan and (admit_blocked or not self.waiting):
             steps = self._decode_chunk_steps()
         prefill = sum(n for _, n in plan)
-        ctx = self._dec_base + self._n_dec * (self.clock + 1) + sum(r.computed + n for r, n in plan)
-        t0 = self.cost.step_time_s(prefill, self._n_dec, ctx)
+        dec_ctx = self._dec_base + self._n_dec * (self.clock + 1)
+        ctx = dec_ctx + sum(r.computed + n for r, n in plan)
+        # a decode token attends its context; a chunk of n after c computed: n*c + n(n+1)/2
+        pairs = dec_ctx + sum(n * r.computed + n * (n + 1) // 2 for r, n in plan)
+        t0 = self.cost.step_time_s(prefill, self._n_dec, ctx, pairs)
         dt = 0.0
         if steps > 1:
-            dt = (self.cost.step_time_s(0, self._n_dec, ctx + self._n_dec * (steps - 1)) - t0) / (steps - 1)
+            last = ctx + self._n_dec * (steps - 1)
+            dt = (self.cost.step_time_s(0, self._n_dec, last, last) - t0) / (steps - 1)
         self._plan, self._steps, self._start_s, self._t0_s, self._dt_s = plan, steps, now, t0, dt
         self.end_s = now + self._chunk_time_s(steps)
         self.busy = True

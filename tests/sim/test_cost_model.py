@@ -1,0 +1,64 @@
+"""Cost model: roofline shape, least-squares fit, the CPU profile against real vLLM numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.sim.cost_model import (
+    HARDWARE,
+    MODELS,
+    LinearStepCost,
+    RooflineCost,
+    StepSample,
+    cpu_smollm2_cost,
+    cpu_smollm2_samples,
+    fit_linear_step_cost,
+    kv_blocks_for,
+)
+from router.sim.errors import SimError
+
+
+def test_roofline_decode_is_memory_bound_and_prefill_compute_bound():
+    cost = RooflineCost(MODELS["step3.7-like"], HARDWARE["H200"], tp=8)
+    one = cost.step_time_s(0, 1, 1000)
+    many = cost.step_time_s(0, 8, 8000)
+    assert many < 8 * one  # batching decode amortises the weight reads
+    p1, p2 = cost.step_time_s(4096, 0, 4096), cost.step_time_s(8192, 0, 8192)
+    assert p2 == pytest.approx(2 * p1 - cost.overhead_s, rel=0.05)  # compute-bound: linear in tokens
+
+
+def test_roofline_h200_is_faster_than_h100_at_the_same_tp():
+    m = MODELS["qwen3.6-like"]
+    assert RooflineCost(m, HARDWARE["H200"], 4).step_time_s(0, 64, 64 * 20000) < RooflineCost(
+        m, HARDWARE["H100"], 4).step_time_s(0, 64, 64 * 20000)
+
+
+def test_fit_recovers_known_coefficients():
+    truth = LinearStepCost(0.01, 0.0005, 0.002, 0.000001)
+    samples = [StepSample(p, d, c, truth.step_time_s(p, d, c))
+               for p, d, c in ((0, 1, 100), (0, 32, 32000), (512, 0, 512), (2048, 4, 9000), (100, 100, 50000))]
+    fit = fit_linear_step_cost(samples)
+    assert fit.c0_s == pytest.approx(0.01, rel=1e-6)
+    assert fit.c_prefill_s == pytest.approx(0.0005, rel=1e-6)
+    assert fit.c_decode_s == pytest.approx(0.002, rel=1e-6)
+    assert fit.c_context_s == pytest.approx(0.000001, rel=1e-6)
+
+
+def test_fit_rejects_too_few_samples():
+    with pytest.raises(SimError, match="at least 4 samples"):
+        fit_linear_step_cost([StepSample(0, 1, 10, 0.1)])
+
+
+def test_cpu_profile_reproduces_the_measured_vllm_numbers():
+    cost = cpu_smollm2_cost()
+    errors = [abs(cost.step_time_s(s.prefill_tokens, s.decode_seqs, s.context_tokens) / s.step_time_s - 1)
+              for s in cpu_smollm2_samples()]
+    assert max(errors) < 0.25
+    # the prefix-cache hit case is much faster than the cold prompt, as measured (5.08 s vs 0.65 s)
+    assert cost.step_time_s(104, 0, 1000) < cost.step_time_s(1000, 0, 1000) / 4
+
+
+def test_kv_blocks_for_a_model_that_does_not_fit_is_an_error():
+    with pytest.raises(SimError, match="does not fit"):
+        kv_blocks_for(MODELS["step3.7-like"], HARDWARE["H100"], 1, 16)
+    assert kv_blocks_for(MODELS["step3.7-like"], HARDWARE["H200"], 8, 16) > 100_000
