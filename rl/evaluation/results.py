@@ -226,7 +226,7 @@ def plot_passk(report: dict[str, dict[str, Any]], ks: list[int], path: Path) -> 
         means = np.array([m["mean"] for m in ms])
         lo = np.array([m["mean"] - (m["ci_low"] if m["ci_low"] is not None else m["mean"]) for m in ms])
         hi = np.array([(m["ci_high"] if m["ci_high"] is not None else m["mean"]) - m["mean"] for m in ms])
-        ax.bar(np.arange(len(names)) + j * width, means, width, yerr=[lo, hi], capsize=3,
+        ax.bar(np.arange(len(names)) + j * width, means, width, yerr=np.vstack([lo, hi]).tolist(), capsize=3,
                label=f"pass@{k}")
     ax.set_xticks(np.arange(len(names)) + width * (len(ks) - 1) / 2, names)
     ax.set_ylim(0, 1)

@@ -258,6 +258,11 @@ class SweBenchmark:
                   "model_s": episode.model_s, "tool_s": episode.tool_s}
         if episode.status in ("model_error", "sandbox_error"):
             return SampleResult(**result, outcome=ERROR, detail=detail, error=episode.error)
+        if not episode.turns:  # the model was never asked: a setting, not the model, failed
+            return SampleResult(**result, outcome=ERROR, detail=detail, error=(
+                f"instance {problem.problem_id}: the first prompt ({len(episode.prompt_token_ids)} "
+                f"tokens) leaves no room under max_context_tokens="
+                f"{self.episode.limits.max_context_tokens}; raise eval.agent.episode.limits."))
         test_patch = problem.payload.get("test_patch", "")
         if not test_patch:  # the episode's own reward is the resolved rule on the same tree
             resolved, grading = episode.reward > 0, {"test_outcomes": episode.test_outcomes}

@@ -2,7 +2,8 @@
 evaluation uses, run on its own thread so that the synchronous ``evaluate`` (which runs
 its own event loop) can call it.
 
-- ``/v1/chat/completions`` (math and code samples): the answer is ``answers(user_text)``;
+- ``/v1/chat/completions`` (math and code samples): the answer is
+  ``answers(user_text, session_id)``;
   a user text containing ``FAIL_500`` gets HTTP 500 while ``fail_500`` is set.
 - ``/v1/completions`` with token-id prompts (agent episodes): ``agents.scripted`` with
   the gold-patch policy of the hand-made tasks (ByteTokenizer).
@@ -27,7 +28,7 @@ from agents.server import HANDMADE_TASKS
 class FakeModel:
     """The fake server's state (change ``answers`` or ``fail_500`` between runs)."""
 
-    answers: Callable[[str], str]
+    answers: Callable[[str, str], str]
     fail_500: bool = True
     chat_requests: list[dict] = field(default_factory=list)
     url: str = ""
@@ -38,7 +39,7 @@ class FakeModel:
         self.chat_requests.append({"headers": dict(request.headers), "body": body})
         if self.fail_500 and "FAIL_500" in text:
             return web.json_response({"error": "engine crashed"}, status=500)
-        answer = self.answers(text)
+        answer = self.answers(text, request.headers.get("X-Session-Id", ""))
         return web.json_response({"choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": answer}}],
                                   "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
@@ -49,7 +50,7 @@ def fake_model():
     """A running fake model server; answers "\\boxed{0}" until ``answers`` is replaced."""
     tasks = load_tasks(HANDMADE_TASKS)
     scripted = ScriptedServer(gold_patch_policy({t.problem_statement: t.patch for t in tasks.values()}))
-    model = FakeModel(answers=lambda _text: "\\boxed{0}")
+    model = FakeModel(answers=lambda _text, _session: "\\boxed{0}")
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     holder: dict = {}
