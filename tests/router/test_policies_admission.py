@@ -315,13 +315,19 @@ def test_misa_admits_only_with_both_global_and_class_headroom() -> None:
     ]  # fmt: skip
 
 
-def test_misa_t_class_caps_match_eqs_11_to_13() -> None:
+def _misa_t_with_residencies():
+    """misa_t with k_agent = 30, k_rlvr = 10 blocks and completed residencies T_agent = 100 s, T_rlvr = 10 s."""
     policy = make_policy(
         "misa_t", {"class_k_prior_blocks": {"agent": 30, "rlvr": 10}, "t_min_samples": 2, "t_prior_s": 60}
     )
     up = cluster("w0")
     for i, (cls, residency_s) in enumerate([("agent", 100), ("agent", 100), ("rlvr", 10), ("rlvr", 10)]):
         run_session(policy, up, f"done{i}", cls, 0.0, float(residency_s))
+    return policy, up
+
+
+def test_misa_t_class_caps_match_eqs_11_to_13() -> None:
+    policy, _ = _misa_t_with_residencies()
     assert (policy.class_residency_s("agent"), policy.class_residency_s("rlvr")) == (100.0, 10.0)
     _held_demand(policy, agents=2, rlvrs=4)
     caps = policy.instance_caps(InstanceView("w0", metrics=METRICS, metrics_age_s=0.0))
@@ -340,12 +346,7 @@ def test_misa_t_uses_the_shared_neutral_prior_before_enough_samples() -> None:
 
 
 def test_floor_admits_one_session_of_a_class_whose_quota_is_below_its_footprint() -> None:
-    policy = make_policy(
-        "misa_t", {"class_k_prior_blocks": {"agent": 30, "rlvr": 10}, "t_min_samples": 2, "t_prior_s": 60}
-    )
-    up = cluster("w0")
-    for i, (cls, residency_s) in enumerate([("agent", 100), ("agent", 100), ("rlvr", 10), ("rlvr", 10)]):
-        run_session(policy, up, f"done{i}", cls, 0.0, float(residency_s))
+    policy, up = _misa_t_with_residencies()
     _held_demand(policy, agents=2, rlvrs=4)
     assert policy.decide(req("r0", "rlvr"), up, 200.0) == Admit("w0", reason="floor new")
     assert isinstance(policy.decide(req("r1", "rlvr"), up, 200.0), Hold)  # K_rlvr = 1: one floor session
@@ -369,3 +370,33 @@ def test_state_reports_long_holds_and_oldest_hold_age() -> None:
     policy.decide(req("b"), view, 40.0)
     state = policy.state()
     assert (state["held_count"], state["long_holds"], state["oldest_hold_age_s"]) == (1, 1, 39.0)
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_admitted_session_goes_to_longest_prefix_match_among_instances_with_headroom() -> None:
+    policy = make_policy("misa_t")
+    policy.observe(BlocksStored("w1", (5, 6, 7), 0.0))
+    r = req("a", block_hashes=(5, 6, 7, 8))
+    assert admitted(policy.decide(r, cluster("w0", "w1", "w2"), 1.0)) == "w1"
+
+
+def _waiting(n: int) -> InstanceMetrics:
+    return InstanceMetrics(num_blocks=100, block_size=16, num_requests_waiting=n)
+
+
+def test_cost_placement_follows_eq_1() -> None:
+    # c_w = d_w + (L_r - H_r,w) / mu_w with d_w = waiting * 512 (prompt prior) / 1000 tokens/s (F prior)
+    r = req("a", prompt_tokens=1000, block_hashes=tuple(range(1, 51)))  # 50 blocks = 800 tokens cached on w0
+    for waiting_w0, expected in ((4, "w1"), (1, "w0")):
+        policy = make_policy("session_admission", {"placement": "cost"})
+        policy.observe(BlocksStored("w0", tuple(range(1, 51)), 0.0))
+        view = ClusterView(
+            (
+                InstanceView("w0", metrics=_waiting(waiting_w0), metrics_age_s=0.0),
+                InstanceView("w1", metrics=_waiting(0), metrics_age_s=0.0),
+            )
+        )
+        # waiting 4: c_w0 = 2.048 + 0.2 = 2.248 > c_w1 = 0 + 1.0; waiting 1: c_w0 = 0.512 + 0.2 < 1.0
+        assert admitted(policy.decide(r, view, 1.0)) == expected

@@ -88,3 +88,14 @@ def test_round_robin_holds_when_nothing_is_healthy() -> None:
     policy = make_policy("round_robin")
     assert isinstance(policy.decide(_req(0), _view(False, False), now=0.0), Hold)
     assert policy.state()["holds"] == 1
+
+
+def test_omegaconf_params_and_nested_class_priors_are_checked() -> None:
+    from omegaconf import OmegaConf
+
+    policy = make_policy("misa-t", OmegaConf.create({"class_k_prior_blocks": {"agent": 512}, "placement": "cost"}))
+    assert policy.config.class_k_prior_blocks == {"agent": 512.0} and policy.config.placement == "cost"
+    with pytest.raises(RouterConfigError, match="must be a number"):
+        make_policy("misa", {"class_k_prior_blocks": {"agent": "big"}})
+    with pytest.raises(RouterConfigError, match="'cache_aware', 'cost'"):
+        make_policy("misa", {"placement": "best"})
