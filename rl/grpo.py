@@ -18,8 +18,8 @@ Pure torch, no model and no I/O, so each piece is checked on hand-worked numbers
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
@@ -332,3 +332,27 @@ class AsyncLimits:
     def is_fresh(self, unit_policy_version: int, trainer_version: int) -> bool:
         """True while trainer_version <= unit_policy_version + max_staleness."""
         return trainer_version <= unit_policy_version + self.max_staleness
+
+
+def loss_config(tcfg: Mapping[str, Any]) -> GRPOLossConfig:
+    """``GRPOLossConfig`` from ``trainer.loss``.
+
+    Raises:
+        GRPOError: unknown or invalid option.
+    """
+    return dataclass_from_options(GRPOLossConfig, dict(tcfg), "trainer.loss", GRPOError)
+
+
+def async_limits(tcfg: Mapping[str, Any]) -> AsyncLimits:
+    """``AsyncLimits`` from ``trainer.max_in_flight`` / ``trainer.max_staleness``."""
+    return AsyncLimits(int(tcfg["max_in_flight"]), int(tcfg["max_staleness"]))
+
+
+def dataclass_from_options(cls, opts: Mapping[str, Any], where: str, error: type[Exception]):
+    """``cls(**opts)`` for a recipe section; unknown keys raise ``error`` naming them,
+    the section ``where`` and the valid keys."""
+    known = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise error(f"{where}: unknown options {unknown}; valid: {sorted(known)}")
+    return cls(**opts)

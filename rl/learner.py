@@ -26,12 +26,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
-from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, aggregate_loss, collate,
-                     masked_mean, policy_loss_per_token, token_log_probs)
+from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, dataclass_from_options, aggregate_loss,
+                     collate, loss_config, masked_mean, policy_loss_per_token,
+                     token_log_probs)
 
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.json"
@@ -79,6 +80,19 @@ class LearnerConfig:
                                "shards parameters, which the weight sync does not gather)")
         if self.micro_batch_size < 1 or self.lr <= 0:
             raise LearnerError("learner.micro_batch_size must be >= 1 and learner.lr > 0")
+
+
+def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:
+    """``LearnerConfig`` from the ``trainer`` config (``learner`` and ``loss`` sections).
+
+    Raises:
+        LearnerError / GRPOError: unknown or invalid option.
+    """
+    opts = dict(tcfg["learner"])
+    if "betas" in opts:
+        opts["betas"] = tuple(opts["betas"])
+    return dataclass_from_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
+                           "trainer.learner", LearnerError)
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -28,7 +28,8 @@ from rl.data.base import Prompt
 from rl.data.code import CodeTestsReward
 
 __all__ = ["RewardError", "BatchScorer", "MathVerifyReward", "CodeTestsReward",
-           "RewardModelScorer", "ZeroShotJudgeScorer", "DomainRewards", "conversation_text"]
+           "RewardModelScorer", "ZeroShotJudgeScorer", "DomainRewards", "conversation_text",
+           "rewards_from_config"]
 
 
 class RewardError(RuntimeError):
@@ -246,3 +247,36 @@ class DomainRewards:
             for i, s in zip(idx, scores):
                 out[i] = float(s)
         return out
+
+
+def rewards_from_config(rcfg: Mapping[str, Any], policy_model_path: str,
+                        run_tests: Callable[[str, str], bool] | None = None,
+                        extra: Mapping[str, BatchScorer | Callable[[Prompt, str], float]] | None = None
+                        ) -> DomainRewards:
+    """The rewards of recipe section ``trainer.rewards`` for the built-in domains.
+
+    math domains (arithmetic, gsm8k) -> ``MathVerifyReward``; code -> ``CodeTestsReward``
+    when ``run_tests`` is given (the sandbox's), instructions -> the ``rlhf_scorer``
+    (``judge`` on ``policy_model_path``, or ``reward_model`` at ``reward_model_path``).
+    ``extra`` adds domains scored elsewhere (agent task sets: the environment outcome).
+
+    Raises:
+        RewardError: unknown ``rlhf_scorer``, or ``reward_model`` without a path.
+    """
+    math = MathVerifyReward()
+    scorers: dict[str, Any] = {"arithmetic": math, "gsm8k": math}
+    if run_tests is not None:
+        scorers["code"] = CodeTestsReward(run_tests)
+    kind = str(rcfg.get("rlhf_scorer", "judge"))
+    device = str(rcfg.get("device", "cpu"))
+    if kind == "judge":
+        scorers["instructions"] = ZeroShotJudgeScorer(policy_model_path, device=device)
+    elif kind == "reward_model":
+        if not rcfg.get("reward_model_path"):
+            raise RewardError("trainer.rewards.rlhf_scorer=reward_model needs "
+                              "trainer.rewards.reward_model_path (a HF sequence-classification model)")
+        scorers["instructions"] = RewardModelScorer(str(rcfg["reward_model_path"]), device=device)
+    else:
+        raise RewardError(f"trainer.rewards.rlhf_scorer={kind!r}: choose judge or reward_model")
+    scorers.update(extra or {})
+    return DomainRewards(scorers)

@@ -203,3 +203,36 @@ class MixtureSampler:
         for b, d in state["released_groups_by_domain"].items():
             self.released_groups_by_domain[b].update(d)
         self.num_groups = int(state["num_groups"])
+
+
+def sampler_from_config(tcfg: Mapping[str, Any], seed: int, run_id: str = "run",
+                        extra_sources: Mapping[str, Mapping[str, tuple[PromptSource, float]]] | None = None
+                        ) -> MixtureSampler:
+    """Build the sampler of recipe group ``trainer`` (``recipes/trainer/grpo.yaml``).
+
+    Args:
+        tcfg: the ``trainer`` config (``rho``, ``group_size``, ``domains``).
+        seed: the run's seed.
+        run_id: prefix of group/unit ids.
+        extra_sources: class -> domain -> (source, weight) built elsewhere, e.g. the
+            agent server's task sets for class ``agent``; merged with ``domains``.
+
+    Raises:
+        MixtureError / DataError: a class with weight and no domain, a bad domain option.
+    """
+    from rl.data import make_source
+
+    sources: dict[str, dict[str, tuple[PromptSource, float]]] = {}
+    for b, doms in (tcfg.get("domains") or {}).items():
+        for name, opts in (doms or {}).items():
+            opts = dict(opts or {})
+            sources.setdefault(str(b), {})[str(name)] = (make_source(str(name), opts),
+                                                         float(opts.get("weight", 1.0)))
+    for b, doms in (extra_sources or {}).items():
+        sources.setdefault(b, {}).update(doms)
+    sizes = dict(tcfg.get("group_size") or {})
+    missing = [b for b in sources if b not in sizes]
+    if missing:
+        raise MixtureError(f"trainer.group_size has no entry for classes {missing}")
+    classes = {b: WorkloadClassSpec(doms, group_size=int(sizes[b])) for b, doms in sources.items()}
+    return MixtureSampler(dict(tcfg["rho"]), classes, seed=seed, run_id=run_id)

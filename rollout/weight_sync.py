@@ -408,3 +408,15 @@ def make_weight_sync(cfg: WeightSyncConfig, engine_urls: Sequence[str],
     if cfg.method == "nccl":
         return NcclWeightSync(engine_urls, workers_per_engine, cfg)
     return HttpReloadSync(engine_urls, cfg)
+
+
+def weight_sync_config(opts: Mapping[str, Any], router_url: str | None = None) -> WeightSyncConfig:
+    """``WeightSyncConfig`` from ``trainer.weight_sync`` plus the router's URL.
+
+    Raises:
+        WeightSyncError: unknown or invalid option.
+    """
+    from rl.grpo import dataclass_from_options
+
+    return dataclass_from_options(WeightSyncConfig, {**dict(opts), "router_url": router_url},
+                                  "trainer.weight_sync", WeightSyncError)

@@ -126,8 +126,8 @@ def test_domain_rewards_route_by_domain_and_reject_unknown():
         rewards.score([Prompt("g", "gsm8k", user_prompt("q"), "1")], ["1"])
 
 
-def test_zero_shot_judge_gives_a_distribution_over_ratings(policy_model_path):
-    judge = ZeroShotJudgeScorer(policy_model_path)
+def test_zero_shot_judge_gives_a_distribution_over_ratings(model_path):
+    judge = ZeroShotJudgeScorer(model_path)
     p = InstructionSource().draw(np.random.default_rng(1))
     probs = judge.rating_probs([p, p], ["A clear, correct answer.", "zzzz"])
     assert probs.shape == (2, 9)
@@ -136,11 +136,11 @@ def test_zero_shot_judge_gives_a_distribution_over_ratings(policy_model_path):
     assert all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
 
 
-def test_reward_model_scorer_reads_one_logit_per_pair(tmp_path, policy_model_path):
+def test_reward_model_scorer_reads_one_logit_per_pair(tmp_path, model_path):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
-    tok = AutoTokenizer.from_pretrained(policy_model_path)
+    tok = AutoTokenizer.from_pretrained(model_path)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                       num_labels=1, pad_token_id=tok.eos_token_id)

@@ -197,3 +197,35 @@ def test_sampler_feeding_ledger_keeps_consumed_tv_small_when_all_complete():
         while len(pending) > 40:  # completions arrive out of order, 40 stay in flight
             led.record_completed(pending.pop())
     assert led.consumed_tv() < 0.02
+
+
+def test_sampler_from_the_trainer_recipe_releases_every_configured_class():
+    from omegaconf import OmegaConf
+
+    from rl.sampler import sampler_from_config
+
+    tcfg = OmegaConf.to_container(OmegaConf.load("recipes/trainer/grpo.yaml"))
+    s = sampler_from_config(tcfg, seed=0, run_id="r",
+                            extra_sources={"agent": {"tasks": (_TaskSource(), 1.0)}})
+    units = [u for _ in range(30) for u in s.next_group(0)]
+    assert {u.workload_class for u in units} == {"agent", "rlvr", "rlhf"}
+    assert {u.domain for u in units} >= {"tasks", "arithmetic", "gsm8k", "instructions"}
+    tcfg["group_size"].pop("rlhf")
+    with pytest.raises(MixtureError, match="rlhf"):
+        sampler_from_config(tcfg, seed=0)
+
+
+def test_trainer_recipe_builds_loss_learner_and_sync_configs():
+    from omegaconf import OmegaConf
+
+    from rl.grpo import GRPOError, async_limits, loss_config
+    from rl.learner import learner_config
+    from rollout.weight_sync import weight_sync_config
+
+    tcfg = OmegaConf.to_container(OmegaConf.load("recipes/trainer/grpo.yaml"))
+    assert loss_config(tcfg["loss"]).eps_high == 0.28
+    assert async_limits(tcfg).max_staleness == 1
+    assert learner_config(tcfg).loss.loss_agg == "token_mean"
+    assert weight_sync_config(tcfg["weight_sync"], "http://r").router_url == "http://r"
+    with pytest.raises(GRPOError, match="eps_hi.*valid"):
+        loss_config({"eps_hi": 0.3})

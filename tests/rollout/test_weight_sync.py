@@ -133,12 +133,12 @@ def _greedy(url: str, prompt_ids: list[int], n: int = 12) -> list[int]:
 
 
 @pytest.mark.engine
-def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, policy_model_path):
+def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, model_path):
     import torch
 
     from rl.learner import Learner
 
-    learner = Learner(policy_model_path)
+    learner = Learner(model_path)
     tok = learner.tokenizer
     # longer than two 128-token KV blocks, so a repeat hits the prefix cache
     prompt = tok.apply_chat_template(
@@ -154,7 +154,7 @@ def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, pol
     with torch.no_grad():
         for p in learner.model.parameters():
             p.add_(0.02 * torch.randn_like(p))
-    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else policy_model_path
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else model_path
     sync = HttpReloadSync([real_engine_url], WeightSyncConfig(shm_dir=f"{shm}/misa-rl-test-sync"))
     try:
         report = sync.sync(learner.save_weights, policy_version=1)
