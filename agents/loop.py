@@ -219,9 +219,16 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
                 record.tool_s = time.monotonic() - call_done
                 status = "submitted"
                 break
-            if turn + 1 < lim.max_turns:
-                traj.add_context(renderer.observation_turn(observations))
             record.tool_s = time.monotonic() - call_done
+            if turn + 1 == lim.max_turns:
+                break
+            observation_ids = renderer.observation_turn(observations)
+            if len(traj) + len(observation_ids) + lim.min_turn_tokens > lim.max_context_tokens:
+                # No room for another turn: the observation is never sent, so it is not
+                # part of the trajectory either.
+                status = "context_limit"
+                break
+            traj.add_context(observation_ids)
         if turns and not last_call_marked and cfg.close_session_with_request:
             # The router closes a session at the request marked X-Session-End. Whether a
             # call is the last is known only afterwards (the model submitted), so the

@@ -1,0 +1,155 @@
+"""Episodes end to end: agent server -> model endpoint (scripted, or real via the router)
+-> sandboxed tools -> reward, checking the trajectory and the session headers."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from agents.chat import ByteTokenizer, ChatRenderer
+from agents.client import AgentClientError, AgentServerClient, launch_agent_server
+from agents.loop import EpisodeConfig, EpisodeLimits, run_episode
+from agents.model_client import ModelClient, SessionHeaders
+from agents.scripted import SCRIPTED_LOGPROB, ScriptedServer, tool_call
+from rollout.process import free_port
+
+BYTE_LIMITS = ["tokenizer=byte", "episode.limits.max_context_tokens=65536",
+               "episode.limits.max_tokens_per_turn=4096"]
+
+
+def check_trajectory(result: dict) -> None:
+    """Invariants of any episode result, real model or scripted."""
+    n = len(result["response_token_ids"])
+    assert len(result["response_mask"]) == n == len(result["response_logprobs"])
+    model_tokens = sum(t["completion_tokens"] for t in result["turns"])
+    assert sum(result["response_mask"]) == model_tokens
+    assert all((lp is None) == (m == 0) for lp, m in zip(result["response_logprobs"], result["response_mask"]))
+    # each turn's prompt is the trajectory so far: prompt lengths grow by what was added
+    p0 = len(result["prompt_token_ids"])
+    assert result["turns"][0]["prompt_tokens"] == p0
+    for a, b in zip(result["turns"], result["turns"][1:]):
+        assert b["prompt_tokens"] > a["prompt_tokens"] + a["completion_tokens"]
+    assert result["model_s"] > 0 and result["tool_s"] >= 0
+    assert 0 < result["model_time_fraction"] <= 1
+
+
+def check_session_headers(requests, result: dict, group_id: str, unit_id: str) -> None:
+    """Every call carries the episode's session headers; only the last closes it."""
+    mine = [(h, b) for h, b in requests if h.get("X-Session-Id") == result["session_id"]]
+    assert len(mine) == len(result["turns"]) + (1 if result["session_closed_by_extra_request"] else 0)
+    for h, _ in mine:
+        assert h["X-Workload-Class"] == "agent"
+        assert h["X-Group-Id"] == group_id and h["X-Rollout-Unit"] == unit_id
+    assert [h.get("X-Session-End") for h, _ in mine] == [None] * (len(mine) - 1) + ["1"]
+    full = result["prompt_token_ids"] + result["response_token_ids"]
+    for _, body in mine:  # exact ids: every prompt sent is a prefix of the final trajectory
+        assert full[: len(body["prompt"])] == body["prompt"]
+
+
+async def test_agent_server_solves_task_with_scripted_policy(scripted_server, tmp_path):
+    with launch_agent_server(tmp_path, [f"router_url={scripted_server.url}", *BYTE_LIMITS]) as (_, url):
+        client = AgentServerClient(url)
+        try:
+            assert "handmade__stats_mean" in await client.tasks()
+            result = await client.run_episode(instance_id="handmade__stats_mean",
+                                              group_id="g-1", unit_id="u-1", policy_version=7)
+            # submit + poll: several episodes at once
+            ids = [await client.submit(instance_id=iid, group_id="g-2", unit_id=f"u-2-{i}")
+                   for i, iid in enumerate(["handmade__text_slug", "handmade__stats_mean"] * 2)]
+            polled = await asyncio.gather(*(client.result(e, poll_s=5) for e in ids))
+            with pytest.raises(AgentClientError, match="unknown instance_id"):
+                await client.run_episode(instance_id="nope")
+        finally:
+            await client.aclose()
+    assert result["status"] == "submitted" and result["reward"] == 1.0
+    assert result["policy_version"] == 7 and "+    return total(xs) / len(xs)" in result["patch"]
+    assert set(result["response_logprobs"]) == {None, SCRIPTED_LOGPROB}
+    check_trajectory(result)
+    check_session_headers(scripted_server.requests, result, "g-1", "u-1")
+    assert [r["reward"] for r in polled] == [1.0] * 4
+    assert len({r["session_id"] for r in polled}) == 4
+    for i, r in enumerate(polled):
+        check_session_headers(scripted_server.requests, r, "g-2", f"u-2-{i}")
+
+
+async def run_inline(server: ScriptedServer, task, limits: EpisodeLimits, url: str | None = None):
+    async with httpx.AsyncClient() as http:
+        client = ModelClient(http, url or server.url, "scripted", retries=0)
+        return await run_episode(task, SessionHeaders("s-inline", group_id="g", unit_id="u"),
+                                 client, ChatRenderer(ByteTokenizer()),
+                                 EpisodeConfig(limits=limits))
+
+
+async def test_turn_limit_marks_the_last_model_call(handmade_tasks):
+    server = ScriptedServer(lambda s, turn, p: tool_call("bash", command=f"echo {turn}"))
+    runner, server.url = await server.start()
+    try:
+        result = await run_inline(server, handmade_tasks["handmade__stats_mean"],
+                                  EpisodeLimits(max_turns=3, max_context_tokens=65536))
+    finally:
+        await runner.cleanup()
+    assert result.status == "turn_limit" and not result.session_closed_by_extra_request
+    assert [t.session_end for t in result.turns] == [False, False, True]
+    check_session_headers(server.requests, result.to_dict(), "g", "u")
+
+
+async def test_malformed_model_output_never_crashes_the_episode(handmade_tasks):
+    garbage = ["no tool here", "<tool_call>{bad json</tool_call>",
+               '<tool_call>{"name": "explode", "arguments": {}}</tool_call>',
+               '<tool_call>{"name": "read_file", "arguments": {"path": "/etc/shadow"}}</tool_call>',
+               "<tool_call>" + "x" * 5000]
+    server = ScriptedServer(lambda s, turn, p: garbage[turn] if turn < len(garbage) else tool_call("submit"))
+    runner, server.url = await server.start()
+    try:
+        result = await run_inline(server, handmade_tasks["handmade__text_slug"],
+                                  EpisodeLimits(max_turns=10, max_context_tokens=65536,
+                                                max_tokens_per_turn=1000))
+    finally:
+        await runner.cleanup()
+    assert result.status == "submitted" and result.reward == 0.0
+    problems = [p for t in result.turns for p in t.problems]
+    assert len(problems) == 4
+    assert result.turns[4].finish_reason == "length"
+    text = ByteTokenizer().decode(result.response_token_ids)
+    assert "outside the workspace" in text and "Unknown tool 'explode'" in text
+
+
+async def test_context_limit_stops_before_overflowing(handmade_tasks):
+    server = ScriptedServer(lambda s, turn, p: tool_call("bash", command="seq 1 300"))
+    runner, server.url = await server.start()
+    try:
+        result = await run_inline(server, handmade_tasks["handmade__stats_mean"],
+                                  EpisodeLimits(max_turns=50, max_context_tokens=6000))
+    finally:
+        await runner.cleanup()
+    assert result.status == "context_limit"
+    assert len(result.prompt_token_ids) + len(result.response_token_ids) <= 6000
+    assert server.requests[-1][0]["X-Session-End"] == "1"
+
+
+async def test_unreachable_model_endpoint_ends_with_model_error(handmade_tasks):
+    server = ScriptedServer(lambda *a: "")
+    result = await run_inline(server, handmade_tasks["handmade__stats_mean"],
+                              EpisodeLimits(max_context_tokens=65536),
+                              url=f"http://127.0.0.1:{free_port()}")
+    assert result.status == "model_error" and "failed" in result.error
+    assert result.turns == [] and result.reward == 0.0
+
+
+@pytest.mark.engine
+async def test_episode_through_real_router(real_router_url, tmp_path):
+    """Same path with the real model: the tokenizer comes from the router's /v1/models."""
+    overrides = [f"router_url={real_router_url}", "episode.limits.max_turns=3",
+                 "episode.limits.max_tokens_per_turn=96", "sampling.temperature=0.7"]
+    with launch_agent_server(tmp_path, overrides, start_timeout_s=120) as (_, url):
+        client = AgentServerClient(url)
+        try:
+            result = await client.run_episode(instance_id="handmade__stats_mean",
+                                              group_id="g-real", unit_id="u-real")
+        finally:
+            await client.aclose()
+    assert result["status"] in ("submitted", "turn_limit", "context_limit"), result["error"]
+    assert result["reward"] in (0.0, 1.0)
+    check_trajectory(result)
+    assert all(isinstance(lp, float) for lp, m in
+               zip(result["response_logprobs"], result["response_mask"]) if m)
