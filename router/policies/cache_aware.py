@@ -41,18 +41,26 @@ from router.prefix_index import PrefixIndex
 
 @dataclass(frozen=True)
 class CacheAwareConfig:
-    """Options of cache_aware; defaults are vLLM Router's."""
+    """Options of cache_aware.
+
+    The three thresholds default to the router library's own defaults (``impl Default for
+    CacheAwareConfig``: 0.5 / 32 / 1.1), the values this project compares against; the
+    installed ``vllm-router`` 0.1.17 *command line* defaults to 0.3 / 64 / 1.5, so recipes
+    that launch the real program should pass the same values to both. The eviction
+    timer and tree bound take the command line's defaults (the library's, 30 s and
+    10,000 characters, are test-sized).
+    """
 
     cache_threshold: float = 0.5
-    """vLLM Router default: follow the cache only when over half the prompt is matched."""
+    """Follow the cache only when more than half the prompt is matched."""
     balance_abs_threshold: int = 32
-    """vLLM Router default: an in-flight gap of up to 32 requests is not imbalance."""
+    """An in-flight gap of up to 32 requests is not imbalance."""
     balance_rel_threshold: float = 1.1
-    """vLLM Router default: ... nor is max load within 10% of min load."""
-    eviction_interval_s: float = 60.0
-    """vLLM Router default (eviction_interval_secs)."""
-    max_tree_size: int = 2**24
-    """vLLM Router default: characters per instance kept in the approximate tree."""
+    """... nor is a max load within 10% of the min load."""
+    eviction_interval_s: float = 120.0
+    """vllm-router 0.1.17 default (``--eviction-interval-secs``)."""
+    max_tree_size: int = 33_554_432
+    """vllm-router 0.1.17 default (``--max-tree-size``): characters per instance in the tree."""
     match_from: Literal["text", "prefix_index"] = "text"
     """``text``: vLLM Router's approximate tree; ``prefix_index``: exact KV-event index."""
     no_healthy_recheck_s: float = 1.0
