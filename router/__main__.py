@@ -57,7 +57,7 @@ def explain_override_error(overrides: list[str], exc: Exception) -> str:
 
     text = str(exc).strip()
     for group in ("router",):
-        if f"'{group}/" in text or f"in {group}" in text and "Could not find" in text:
+        if "Could not find" in text and f"'{group}/" in text:
             return (
                 f"Unknown {group} choice in {' '.join(overrides)!r}: {text.splitlines()[0]} "
                 f"Valid {group}=... choices: {', '.join(_group_options(group))}."

@@ -335,3 +335,37 @@ def test_every_router_recipe_names_a_policy_and_impl():
     assert all(r.impl == ("vllm" if name == "vllm" else "ours") for name, r in recipes.items())
     assert (recipes["vllm"].cache_threshold, recipes["vllm"].balance_abs_threshold,
             recipes["vllm"].balance_rel_threshold) == (0.5, 32, 1.1)
+
+
+async def test_kv_events_reach_policy_and_state_through_the_service(engines):
+    import msgspec
+    import zmq
+    import zmq.asyncio
+
+    from router.policies.base import BlocksStored
+    from router.prefix_index import chain_hashes
+
+    pub = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    service = RouterService(RecordingPolicy(), [e.url for e in engines], [f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:1"],
+                            config=ServiceConfig(scrape_interval_s=0.05))
+    await service.start()
+    try:
+        tokens = list(range(2 * engines[0].block_size))
+        event = {"type": "BlockStored", "block_hashes": [b"h1", b"h2"], "parent_block_hash": None,
+                 "token_ids": tokens, "block_size": engines[0].block_size, "lora_id": None, "medium": "GPU"}
+        for seq in range(200):  # until the subscription has propagated
+            await pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), msgspec.msgpack.encode([0.0, [event], None])])
+            await asyncio.sleep(0.01)
+            if service.policy.of_type(BlocksStored):
+                break
+        stored = service.policy.of_type(BlocksStored)[0]
+        assert stored.instance == engines[0].url
+        assert stored.block_hashes == tuple(chain_hashes(tokens, engines[0].block_size))
+        async with httpx.AsyncClient(base_url=service.url) as client:
+            state = (await client.get("/state")).json()
+        first = state["instances"][0]
+        assert first["kv_mapped_blocks"] == 2 and first["kv_event_age_s"] is not None
+    finally:
+        await service.stop()
+        pub.close(linger=0)

@@ -1,0 +1,71 @@
+"""Prompt -> token ids -> block hashes (router/tokenize.py), with a tiny local tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from router.prefix_index import chain_hashes
+from router.tokenize import PromptError, PromptTokenizer
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A word-level tokenizer with a ChatML template, saved like a model folder."""
+    words = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system", "hello", "world", "again", "\n"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.WhitespaceSplit()])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = CHATML
+    path = tmp_path_factory.mktemp("model")
+    fast.save_pretrained(path)
+    return str(path)
+
+
+def test_chat_prompt_rendered_with_template_and_hashed_per_full_block(model_dir):
+    tokenizer = PromptTokenizer(model_dir, block_size=4)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello world hello world"}]}
+    info = tokenizer.prompt_info(body, "chat")
+    ids, text = tokenizer.token_ids(body, "chat")
+    assert text.endswith("<|im_start|>assistant\n") and "hello world" in text
+    assert info.prompt_tokens == len(ids) and len(ids) >= 8
+    assert info.block_hashes == tuple(chain_hashes(ids, 4)) and len(info.block_hashes) == len(ids) // 4
+
+
+def test_continuation_shares_the_prefix_blocks_of_its_first_turn(model_dir):
+    tokenizer = PromptTokenizer(model_dir, block_size=2)
+    first = [{"role": "user", "content": "hello world"}]
+    second = first + [{"role": "assistant", "content": "again"}, {"role": "user", "content": "world"}]
+    a = tokenizer.prompt_info({"messages": first}, "chat").block_hashes
+    b = tokenizer.prompt_info({"messages": second}, "chat").block_hashes
+    shared = len(tokenizer.token_ids({"messages": first}, "chat")[0]) // 2 - 1  # the generation prompt differs
+    assert a[:shared] == b[:shared] and len(b) > len(a)
+
+
+def test_completion_token_list_used_as_is_without_a_tokenizer():
+    info = PromptTokenizer(None, block_size=4).prompt_info({"prompt": list(range(10))}, "completions")
+    assert info.prompt_tokens == 10 and info.block_hashes == tuple(chain_hashes(list(range(10)), 4))
+
+
+def test_text_prompt_without_tokenizer_estimates_length_and_has_no_hashes():
+    info = PromptTokenizer(None, block_size=4).prompt_info({"prompt": "x" * 41}, "completions")
+    assert info.prompt_tokens == 11 and info.block_hashes == () and info.prompt_text == "x" * 41
+
+
+def test_block_size_unknown_gives_no_hashes(model_dir):
+    info = PromptTokenizer(model_dir).prompt_info({"prompt": "hello world hello world"}, "completions")
+    assert info.block_hashes == () and info.prompt_tokens >= 4
+
+
+@pytest.mark.parametrize(("body", "endpoint"), [({"messages": "hi"}, "chat"), ({"messages": ["hi"]}, "chat"),
+                                               ({"prompt": 3}, "completions"), ({"prompt": [1.5]}, "completions")])
+def test_malformed_prompt_raises_prompt_error(body, endpoint):
+    with pytest.raises(PromptError):
+        PromptTokenizer(None).prompt_info(body, endpoint)
