@@ -29,7 +29,7 @@ from rl.data.code import CodeTestsReward
 
 __all__ = ["RewardError", "BatchScorer", "MathVerifyReward", "CodeTestsReward",
            "RewardModelScorer", "ZeroShotJudgeScorer", "DomainRewards", "conversation_text",
-           "rewards_from_config"]
+           "rewards_from_config", "rlhf_scorer_from_config", "HttpRewardScorer"]
 
 
 class RewardError(RuntimeError):
@@ -249,6 +249,69 @@ class DomainRewards:
         return out
 
 
+class HttpRewardScorer:
+    """Scores through a reward server (``python -m rl.reward_server``) over HTTP.
+
+    Args:
+        url: the server's base URL.
+        timeout_s: per-request timeout.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 600.0):
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(timeout=timeout_s)
+
+    def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float]:
+        """POST the pairs to ``/score``; one float per pair.
+
+        Raises:
+            RewardError: the server is unreachable or answers an error.
+        """
+        import httpx
+
+        items = [{"messages": [dict(m) for m in p.messages], "completion": c}
+                 for p, c in zip(prompts, completions)]
+        try:
+            r = self._http.post(f"{self.url}/score", json={"items": items})
+        except httpx.HTTPError as e:
+            raise RewardError(f"reward server {self.url} unreachable ({e}); is "
+                              "python -m rl.reward_server running?") from None
+        if r.status_code != 200:
+            raise RewardError(f"reward server {self.url} answered HTTP {r.status_code}: "
+                              f"{r.text[:300]}")
+        scores = r.json()["scores"]
+        if len(scores) != len(items):
+            raise RewardError(f"reward server returned {len(scores)} scores for {len(items)} items")
+        return [float(x) for x in scores]
+
+
+def rlhf_scorer_from_config(rcfg: Mapping[str, Any], policy_model_path: str,
+                            allow_http: bool = True) -> BatchScorer:
+    """The rlhf scorer of ``trainer.rewards.rlhf_scorer``: ``judge`` (zero-shot judge on
+    ``policy_model_path``), ``reward_model`` (at ``reward_model_path``), or ``http`` (a
+    reward server at ``server.host:server.port``; not allowed inside the server itself).
+
+    Raises:
+        RewardError: unknown kind, or ``reward_model`` without a path.
+    """
+    kind = str(rcfg.get("rlhf_scorer", "judge"))
+    device = str(rcfg.get("device", "cpu"))
+    if kind == "judge":
+        return ZeroShotJudgeScorer(policy_model_path, device=device)
+    if kind == "reward_model":
+        if not rcfg.get("reward_model_path"):
+            raise RewardError("trainer.rewards.rlhf_scorer=reward_model needs "
+                              "trainer.rewards.reward_model_path (a HF sequence-classification model)")
+        return RewardModelScorer(str(rcfg["reward_model_path"]), device=device)
+    if kind == "http" and allow_http:
+        srv = rcfg["server"]
+        return HttpRewardScorer(f"http://{srv['host']}:{srv['port']}")
+    choices = "judge, reward_model or http" if allow_http else "judge or reward_model"
+    raise RewardError(f"trainer.rewards.rlhf_scorer={kind!r}: choose {choices}")
+
+
 def rewards_from_config(rcfg: Mapping[str, Any], policy_model_path: str,
                         run_tests: Callable[[str, str], bool] | None = None,
                         extra: Mapping[str, BatchScorer | Callable[[Prompt, str], float]] | None = None
@@ -256,27 +319,16 @@ def rewards_from_config(rcfg: Mapping[str, Any], policy_model_path: str,
     """The rewards of recipe section ``trainer.rewards`` for the built-in domains.
 
     math domains (arithmetic, gsm8k) -> ``MathVerifyReward``; code -> ``CodeTestsReward``
-    when ``run_tests`` is given (the sandbox's), instructions -> the ``rlhf_scorer``
-    (``judge`` on ``policy_model_path``, or ``reward_model`` at ``reward_model_path``).
+    when ``run_tests`` is given (the sandbox's); instructions -> ``rlhf_scorer_from_config``.
     ``extra`` adds domains scored elsewhere (agent task sets: the environment outcome).
 
     Raises:
-        RewardError: unknown ``rlhf_scorer``, or ``reward_model`` without a path.
+        RewardError: see ``rlhf_scorer_from_config``.
     """
     math = MathVerifyReward()
-    scorers: dict[str, Any] = {"arithmetic": math, "gsm8k": math}
+    scorers: dict[str, Any] = {"arithmetic": math, "gsm8k": math,
+                               "instructions": rlhf_scorer_from_config(rcfg, policy_model_path)}
     if run_tests is not None:
         scorers["code"] = CodeTestsReward(run_tests)
-    kind = str(rcfg.get("rlhf_scorer", "judge"))
-    device = str(rcfg.get("device", "cpu"))
-    if kind == "judge":
-        scorers["instructions"] = ZeroShotJudgeScorer(policy_model_path, device=device)
-    elif kind == "reward_model":
-        if not rcfg.get("reward_model_path"):
-            raise RewardError("trainer.rewards.rlhf_scorer=reward_model needs "
-                              "trainer.rewards.reward_model_path (a HF sequence-classification model)")
-        scorers["instructions"] = RewardModelScorer(str(rcfg["reward_model_path"]), device=device)
-    else:
-        raise RewardError(f"trainer.rewards.rlhf_scorer={kind!r}: choose judge or reward_model")
     scorers.update(extra or {})
     return DomainRewards(scorers)

@@ -156,3 +156,18 @@ def test_reward_model_scorer_reads_one_logit_per_pair(tmp_path, model_path):
     tok.save_pretrained(tmp_path / "two")
     with pytest.raises(RewardError, match="labels"):
         RewardModelScorer(str(tmp_path / "two"))
+
+
+def test_rlhf_scorer_choice_from_recipe_options():
+    from rl.rewards import HttpRewardScorer, rlhf_scorer_from_config, rewards_from_config
+
+    srv = {"host": "127.0.0.1", "port": 8601}
+    s = rlhf_scorer_from_config({"rlhf_scorer": "http", "server": srv}, "unused")
+    assert isinstance(s, HttpRewardScorer) and s.url == "http://127.0.0.1:8601"
+    with pytest.raises(RewardError, match="reward_model_path"):
+        rlhf_scorer_from_config({"rlhf_scorer": "reward_model"}, "unused")
+    with pytest.raises(RewardError, match="choose judge or reward_model$"):
+        rlhf_scorer_from_config({"rlhf_scorer": "http", "server": srv}, "unused", allow_http=False)
+    r = rewards_from_config({"rlhf_scorer": "http", "server": srv}, "unused",
+                            run_tests=lambda prog, tests: True)
+    assert set(r.scorers) == {"arithmetic", "gsm8k", "instructions", "code"}
