@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from router.policies.base import RouterConfigError
 from router.prefix_index import chain_hashes
 
 CHARS_PER_TOKEN = 4.0
@@ -61,11 +62,17 @@ def load_tokenizer(model_path: str):
         model_path: a local model folder or a hub id.
 
     Raises:
-        OSError / ValueError from transformers when the path holds no tokenizer.
+        RouterConfigError: the path (or hub id) holds no loadable tokenizer.
     """
     from transformers import AutoTokenizer  # heavy import, only when a model is configured
 
-    return AutoTokenizer.from_pretrained(model_path)
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        raise RouterConfigError(
+            f"model.path={model_path!r} holds no tokenizer ({exc}); give a model folder or hub id with a "
+            "tokenizer, or model.path=null to route without one"
+        ) from None
 
 
 def _message_text(messages: list[Any]) -> str:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
 from aiohttp import web
 
@@ -124,6 +126,19 @@ class FakeEngine:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=vllm_metrics_text(self.running, 0, self.block_size, self.num_blocks, self.served),
                             content_type="text/plain")
+
+
+@contextlib.asynccontextmanager
+async def running_engines(n: int = 2, **options) -> AsyncIterator[list[FakeEngine]]:
+    """``n`` started fake engines (each with ``options``), stopped on exit."""
+    engines = [FakeEngine(**options) for _ in range(n)]
+    try:
+        for e in engines:
+            await e.start()
+        yield engines
+    finally:
+        for e in engines:
+            await e.stop()
 
 
 def vllm_metrics_text(running: int, waiting: int, block_size: int, num_blocks: int, served: int = 0) -> str:

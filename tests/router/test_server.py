@@ -11,9 +11,9 @@ from hydra import compose, initialize_config_dir
 
 from router.__main__ import CONFIG_NAME, RECIPES_DIR
 from router.policies import RoundRobinPolicy
-from router.policies.base import Admit, AllBlocksCleared, Hold, RequestFinished, RequestStarted, SessionEnded
+from router.policies.base import AllBlocksCleared, Hold, RequestFinished, RequestStarted, SessionEnded
 from router.server import RouterService, ServiceConfig, build_service
-from tests.router.fake_engine import FakeEngine
+from tests.router.fake_engine import running_engines
 
 
 class RecordingPolicy(RoundRobinPolicy):
@@ -54,12 +54,8 @@ class RecordingPolicy(RoundRobinPolicy):
 
 @pytest.fixture
 async def engines():
-    pair = [FakeEngine(), FakeEngine()]
-    for e in pair:
-        await e.start()
-    yield pair
-    for e in pair:
-        await e.stop()
+    async with running_engines() as pair:
+        yield pair
 
 
 async def start_router(engines, policy=None, **config) -> RouterService:

@@ -12,17 +12,13 @@ from omegaconf import OmegaConf
 
 from router.__main__ import RECIPES_DIR
 from router.launch import REPO_ROOT, router_argv, start_router
-from tests.router.fake_engine import FakeEngine
+from tests.router.fake_engine import running_engines
 
 
 @pytest.fixture
 async def engines():
-    pair = [FakeEngine(), FakeEngine()]
-    for e in pair:
-        await e.start()
-    yield pair
-    for e in pair:
-        await e.stop()
+    async with running_engines() as pair:
+        yield pair
 
 
 async def _one_request_through(handle, engines) -> None:
