@@ -30,6 +30,7 @@ from router.sim.experiments import (
     table5_markdown,
     with_params,
 )
+from router.sim.trace import read_trace
 from router.sim.plots import plot_caps, plot_hit_rate, plot_mixture
 
 RECIPES = str(Path(__file__).resolve().parents[2] / "recipes")
@@ -56,6 +57,8 @@ class Experiment:
             raise SimError("seeds must list at least one seed")
         self.seeds = [int(s) for s in cfg.seeds]
         self.bs = int(raw["engine"]["block_size"])
+        if cfg.trace:
+            read_trace(cfg.trace)  # a malformed trace fails here, before any run starts
         self.title = f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds"
 
     def ceiling(self, c: int) -> int:

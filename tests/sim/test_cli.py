@@ -1,0 +1,38 @@
+"""``python -m router.sim``: a user mistake is one message and exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "router.sim", *overrides, f"out_dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_unknown_experiment_is_one_clear_error(tmp_path):
+    p = run_cli("experiment=nope", tmp_path=tmp_path)
+    assert p.returncode == 2
+    assert "unknown experiment 'nope'" in p.stderr and "table5" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_unknown_policy_option_names_the_valid_ones(tmp_path):
+    p = run_cli("experiment=run", "run.policy=misa_t", "+policy_params.misa_t.bogus=1", tmp_path=tmp_path)
+    assert p.returncode == 2
+    assert "bogus" in p.stderr and "protected_fraction" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_malformed_trace_is_reported_before_the_run(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"session_id": "s", "workload_class": "agent", "turn": 0, "prompt_tokens": -1, '
+                     '"output_tokens": 3}\n')
+    p = run_cli("experiment=run", f"trace={trace}", "workers=1", "seeds=[0]", tmp_path=tmp_path)
+    assert p.returncode == 2
+    assert "bad.jsonl:1: field 'prompt_tokens'" in p.stderr
+    assert "Traceback" not in p.stderr

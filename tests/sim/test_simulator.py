@@ -1,0 +1,117 @@
+"""Small-trace runs of the whole simulator: the cache_aware collapse, the admission ordering, determinism."""
+
+from __future__ import annotations
+
+import pytest
+
+import router.sim  # noqa: F401  (registers the simulator's policies)
+from router.policies import make_policy
+from router.policies.base import Admit
+from router.sim.cost_model import HARDWARE, MODELS, RooflineCost
+from router.sim.engine import EngineConfig
+from router.sim.errors import SimError
+from router.sim.simulator import SignalConfig, SimConfig, Simulation
+from router.sim.trace import TraceRecord, TraceSession
+from router.sim.workload import ClassSpec, LengthDist, WorkloadConfig, generate_trace
+
+LIMIT = 32768
+MIX = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
+
+
+def mini_classes() -> dict[str, ClassSpec]:
+    """The paper's three classes at about a quarter of Table 2's lengths (32K context)."""
+    return {
+        "agent": ClassSpec(prompt=LengthDist(400, 1500, 64, 4000), output=LengthDist(80, 600, 1, 2000), group_size=2,
+                           turns="multi", input_p50=9000, input_p95=24000, turns_mean=12, class_prefix_tokens=512,
+                           tool_gap_share=0.2, turn_time_hint_s=3.0),
+        "rlhf": ClassSpec(prompt=LengthDist(60, 1000, 1, 1000), output=LengthDist(1500, 5000, 1, LIMIT), group_size=2),
+        "rlvr": ClassSpec(prompt=LengthDist(150, 800, 1, 1000), output=LengthDist(6000, 24000, 1, LIMIT),
+                          group_size=4),
+    }
+
+
+@pytest.fixture(scope="module")
+def mini_trace():
+    return generate_trace(WorkloadConfig(units=120, classes=mini_classes(), context_limit_tokens=LIMIT, seed=0))
+
+
+def run(trace, policy: str, ceiling: int, params: dict | None = None, num_blocks: int = 1200) -> dict:
+    cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=num_blocks, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=ceiling,
+                    context_limit_tokens=LIMIT, signals=SignalConfig(metrics_delay_s=0.5, kv_event_delay_s=0.1))
+    return Simulation(cfg, trace, make_policy(policy, params or {})).run().summary
+
+
+@pytest.fixture(scope="module")
+def ladder(mini_trace):
+    cache = {"match_from": "prefix_index"}
+    return {
+        "cache_aware_low": run(mini_trace, "cache_aware", 8, cache),
+        "cache_aware_high": run(mini_trace, "cache_aware", 48, cache),
+        "session_admission": run(mini_trace, "session_admission", 48),
+        "misa_t": run(mini_trace, "misa_t", 48),
+    }
+
+
+def test_cache_aware_prefix_hit_rate_collapses_at_a_high_ceiling(ladder):
+    low, high = ladder["cache_aware_low"], ladder["cache_aware_high"]
+    assert low["prefix_hit_rate"] > 0.8
+    assert high["prefix_hit_rate"] < low["prefix_hit_rate"] - 0.4
+    # the admission policies keep reuse at the same permissive ceiling
+    assert ladder["misa_t"]["prefix_hit_rate"] > high["prefix_hit_rate"] + 0.4
+
+
+def test_misa_t_completes_more_samples_than_session_admission(ladder):
+    assert ladder["session_admission"]["samples_per_min"] < ladder["misa_t"]["samples_per_min"]
+
+
+def test_every_released_unit_completes_and_the_mixture_stays_near_the_target(ladder):
+    for summary in ladder.values():
+        assert summary["units_completed"] == summary["units_released"]
+    assert ladder["cache_aware_low"]["tv_distance"] < 0.05
+
+
+def test_same_seed_gives_the_same_run(mini_trace):
+    a = run(mini_trace, "round_robin", 16)
+    b = run(mini_trace, "round_robin", 16)
+    assert a == b
+
+
+def test_kv_events_reach_the_policy_prefix_index(mini_trace):
+    cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=8,
+                    context_limit_tokens=LIMIT, horizon_s=60.0)
+    policy = make_policy("cache_aware", {"match_from": "prefix_index"})
+    sim = Simulation(cfg, mini_trace, policy)
+    sim.run()
+    for e in sim.engines:
+        cached = len(e.kv.ref) + len(e.kv.lru)
+        assert cached > 0 and policy.index.blocks_of(e.instance) == cached
+
+
+def test_recorded_hashes_at_another_block_size_are_refused_before_the_run():
+    rec = TraceRecord("s", "agent", 0, 128, 4, prompt_hashes=[1, 2], block_size=64, session_end=True)
+    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=100, block_size=16),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"agent": 1}, ceiling=1)
+    with pytest.raises(SimError, match="block_size 64"):
+        Simulation(cfg, [TraceSession("s", "agent", "s", None, [rec])], make_policy("round_robin"))
+
+
+def test_admit_on_an_unknown_instance_is_reported(mini_trace):
+    class Stray:
+        name = "stray"
+
+        def decide(self, request, view, now):
+            return Admit("nowhere")
+
+        def observe(self, event):
+            pass
+
+        def state(self):
+            return {}
+
+    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=100, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=2,
+                    context_limit_tokens=LIMIT)
+    with pytest.raises(SimError, match="unknown instance 'nowhere'"):
+        Simulation(cfg, mini_trace, Stray()).run()
