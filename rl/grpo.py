@@ -264,6 +264,44 @@ class TrainBatch:
                           ref, self.advantages[start:stop])
 
 
+def sample_from_turns(turns: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float]]],
+                      advantage: float) -> TrainSample:
+    """One ``TrainSample`` from the model calls of a multi-turn (agent) trajectory.
+
+    Each turn is ``(prompt_ids, completion_ids, completion_logprobs)`` of one model call,
+    in order. Every later prompt must start with the previous prompt + completion (the
+    context only grows); the tokens it adds (tool observation, chat template) enter the
+    completion with loss mask 0, the model's own tokens with mask 1.
+
+    Raises:
+        GRPOError: no turns, a turn whose log-probs do not match its completion, or a
+            prompt that does not extend the previous context (the message gives the turn
+            and the first differing position).
+    """
+    if not turns:
+        raise GRPOError("a trajectory needs at least one model call")
+    first_prompt = list(turns[0][0])
+    context = list(first_prompt)
+    ids: list[int] = []
+    logps: list[float] = []
+    mask: list[int] = []
+    for k, (prompt, completion, lps) in enumerate(turns):
+        prompt = list(prompt)
+        if len(lps) != len(completion):
+            raise GRPOError(f"turn {k}: {len(lps)} log-probs for {len(completion)} tokens")
+        if prompt[:len(context)] != context:
+            at = next((i for i, (a, b) in enumerate(zip(prompt, context)) if a != b),
+                      min(len(prompt), len(context)))
+            raise GRPOError(f"turn {k}: its prompt does not extend the previous context "
+                            f"(differs at token {at}); the agent loop must only append")
+        added = prompt[len(context):]
+        ids += added + list(completion)
+        logps += [0.0] * len(added) + [float(x) for x in lps]
+        mask += [0] * len(added) + [1] * len(completion)
+        context = prompt + list(completion)
+    return TrainSample(first_prompt, ids, logps, advantage, loss_mask=mask)
+
+
 def collate(samples: Sequence[TrainSample], pad_token_id: int) -> TrainBatch:
     """Pad ``samples`` into a ``TrainBatch``.
 

@@ -145,3 +145,20 @@ def test_staleness_rule_allows_up_to_max_staleness_versions():
     assert lim.free_slots(7) == 3 and lim.free_slots(12) == 0
     with pytest.raises(GRPOError):
         AsyncLimits(max_in_flight=0)
+
+
+def test_agent_trajectory_trains_only_on_model_tokens():
+    from rl.grpo import sample_from_turns
+
+    # turn 0: prompt [1, 2] -> model says [3, 4]; tool observation [5, 6] is appended;
+    # turn 1: prompt [1, 2, 3, 4, 5, 6] -> model says [7]
+    s = sample_from_turns([([1, 2], [3, 4], [-0.1, -0.2]),
+                           ([1, 2, 3, 4, 5, 6], [7], [-0.3])], advantage=2.0)
+    assert s.prompt_ids == [1, 2]
+    assert s.completion_ids == [3, 4, 5, 6, 7]
+    assert s.loss_mask == [1, 1, 0, 0, 1]
+    assert s.old_logprobs == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.3])
+    b = collate([s], pad_token_id=0)
+    assert b.loss_mask[0].tolist() == [0, 1, 1, 0, 0, 1]
+    with pytest.raises(GRPOError, match="turn 1.*token 2"):
+        sample_from_turns([([1, 2], [3], [-0.1]), ([1, 2, 9], [7], [-0.3])], 1.0)
