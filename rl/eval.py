@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,46 @@ def log_wandb(cfg: DictConfig, report: dict[str, dict[str, Any]], out_dir: Path)
     run.finish()
 
 
+def benchmarks_of(cfg: DictConfig, tokenizer: str | None,
+                  single_turn: list[Benchmark] | None = None) -> list[Benchmark]:
+    """All enabled benchmarks of a composed ``eval`` config (the trainer's periodic
+    evaluation builds its benchmarks with this too).
+
+    Args:
+        cfg: a config composed from ``recipes/eval.yaml`` (or holding its ``eval`` section).
+        tokenizer: the served model's tokenizer for SWE episodes (a local HF folder or
+            ``"byte"``); needed only when the SWE benchmark is enabled.
+        single_turn: the math and code benchmarks when already built
+            (``single_turn_benchmarks``).
+
+    Raises:
+        EvalError: a benchmark file is missing or malformed, or no tokenizer for SWE.
+    """
+    benchmarks = list(single_turn if single_turn is not None else single_turn_benchmarks(cfg))
+    swe = swe_path(cfg)
+    if swe is not None:
+        if tokenizer is None:
+            raise EvalError("the swe benchmark needs the served model's tokenizer; set "
+                            "eval.tokenizer or disable eval.benchmarks.swe.")
+        benchmarks.append(swe_benchmark(cfg, swe, load_tokenizer(tokenizer)))
+    return benchmarks
+
+
+def harness_hint(report: dict[str, dict[str, Any]], cfg: DictConfig) -> str:
+    """How to grade the SWE predictions with the official harness (Docker), or why not."""
+    files = report.get("swe", {}).get("predictions") or []
+    if not files:
+        return ""
+    docker = shutil.which("docker") is not None
+    lines = [f"SWE predictions (swebench format): {', '.join(files)}",
+             "official grading (needs Docker" + (")" if docker else "; not found here, the "
+                                                   "figures above are the local sandbox grading)") + ":"]
+    dataset = swe_path(cfg)
+    lines += [f"  python -m swebench.harness.run_evaluation --dataset_name {dataset} "
+              f"--predictions_path {f} --run_id {Path(f).stem}" for f in files]
+    return "\n".join(lines) + "\n"
+
+
 def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """Evaluate as configured; returns the report (see ``rl.evaluation.evaluate``).
 
@@ -141,32 +182,29 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
         the serving stack's errors (engines, model) when it cannot start.
     """
     settings = settings_of(cfg)
-    benchmarks = single_turn_benchmarks(cfg)
-    swe = swe_path(cfg)
+    swe_path(cfg)  # a missing file fails before any engine starts
+    single_turn = single_turn_benchmarks(cfg)
     out_dir = Path(str(cfg.eval.out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.eval.router_url:
         model = cfg.eval.served_model_name or str(cfg.model.name)
-        if swe is not None:
-            if cfg.eval.tokenizer:
-                spec = str(cfg.eval.tokenizer)
-            else:
-                from rollout.model import resolve_model_path
-                spec = resolve_model_path(cfg.model)
-            benchmarks.append(swe_benchmark(cfg, swe, load_tokenizer(spec)))
-        report = evaluate(benchmarks, str(cfg.eval.router_url), model, settings, out_dir,
-                          progress=bool(cfg.eval.progress))
+        tokenizer = cfg.eval.tokenizer
+        if tokenizer is None and cfg.eval.benchmarks.swe.enabled:
+            from rollout.model import resolve_model_path
+            tokenizer = resolve_model_path(cfg.model)
+        report = evaluate(benchmarks_of(cfg, tokenizer, single_turn), str(cfg.eval.router_url),
+                          model, settings, out_dir, progress=bool(cfg.eval.progress))
     else:
         from rollout.serve import ServingStack, stop_on_sigterm
 
         stop_on_sigterm()
         with ServingStack(cfg, Path(str(cfg.run_dir))) as stack:
-            if swe is not None:
-                benchmarks.append(swe_benchmark(cfg, swe, load_tokenizer(stack.model_path)))
-            report = evaluate(benchmarks, stack.router_url, stack.served_model_name, settings,
-                              out_dir, progress=bool(cfg.eval.progress))
+            report = evaluate(benchmarks_of(cfg, cfg.eval.tokenizer or stack.model_path, single_turn),
+                              stack.router_url, stack.served_model_name, settings, out_dir,
+                              progress=bool(cfg.eval.progress))
     print(markdown_table(report, list(settings.ks)), end="", flush=True)
+    print(harness_hint(report, cfg), end="")
     print(f"results: {out_dir}/report.json, report.md, passk.png", flush=True)
     if cfg.eval.wandb.run:
         log_wandb(cfg, report, out_dir)

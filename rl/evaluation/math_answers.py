@@ -22,7 +22,8 @@ import numpy as np
 from rl.data.arithmetic import ArithmeticSource
 from rl.data.base import DataError, Prompt
 from rl.data.gsm8k import GSM8KSource
-from rl.evaluation.base import ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext, SampleResult, draw_chat, sample_key
+from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
+                                SampleResult, draw_chat, sample_key)
 from rollout.client import ClientError
 
 

@@ -25,6 +25,7 @@ run is reported as an error, never as a failed or passed sample.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +197,7 @@ class SweBenchmark:
         snapshots_dir: folder of ``<instance_id>/`` snapshots for rows without one.
         limit: first ``limit`` instances only (None = all).
         validate: check each instance's tests on its unchanged snapshot first.
+        validate_concurrency: instances checked at once.
         model_timeout_s, model_retries: per model call.
         workload_class: X-Workload-Class of the episodes' requests.
 
@@ -210,6 +212,7 @@ class SweBenchmark:
     snapshots_dir: str | None = None
     limit: int | None = None
     validate: bool = True
+    validate_concurrency: int = 4
     model_timeout_s: float = 600.0
     model_retries: int = 2
     workload_class: str = "agent"
@@ -226,17 +229,20 @@ class SweBenchmark:
             problems = problems[: self.limit]
         if not self.validate:
             return problems
-        out = []
-        for p in problems:
-            if not p.error:
+        sem = asyncio.Semaphore(self.validate_concurrency)
+
+        async def checked(p: EvalProblem) -> EvalProblem:
+            if p.error:
+                return p
+            async with sem:
                 try:
                     error = await instance_problem(task_of(p), p.payload["test_patch"],
                                                    self.episode.isolation, self.episode.test_limits)
                 except SandboxError as e:
                     error = f"instance {p.problem_id}: sandbox failed: {e}"
-                p = EvalProblem(p.problem_id, p.payload, error)
-            out.append(p)
-        return out
+            return EvalProblem(p.problem_id, p.payload, error)
+
+        return list(await asyncio.gather(*(checked(p) for p in problems)))
 
     async def sample(self, problem: EvalProblem, sample_index: int,
                      ctx: SampleContext) -> SampleResult:
@@ -300,6 +306,7 @@ def write_predictions(results: Iterable[SampleResult], model_name: str, out_dir:
     paths = []
     for j in sorted(by_sample):
         p = out_dir / f"{benchmark}_predictions.sample{j}.jsonl"
-        p.write_text("".join(json.dumps(row) + "\n" for row in sorted(by_sample[j], key=lambda x: x["instance_id"])))
+        rows = sorted(by_sample[j], key=lambda row: row["instance_id"])
+        p.write_text("".join(json.dumps(row) + "\n" for row in rows))
         paths.append(p)
     return paths

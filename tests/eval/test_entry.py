@@ -15,7 +15,8 @@ from rl.eval import run
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_eval_command_runs_all_benchmarks_against_a_running_router(fake_model, tmp_path, monkeypatch):
+def test_eval_command_runs_all_benchmarks_against_a_running_router(fake_model, tmp_path, monkeypatch,
+                                                                   capsys):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     fake_model.answers = lambda text, _s: "\\boxed{5}"
@@ -40,6 +41,9 @@ def test_eval_command_runs_all_benchmarks_against_a_running_router(fake_model, t
     for name in ("report.json", "report.md", "passk.png", "samples.jsonl", "config.yaml",
                  "swe_predictions.sample0.jsonl", "swe_predictions.sample1.jsonl"):
         assert (out / name).is_file(), name
+    printed = capsys.readouterr().out
+    assert "| gsm8k | 1 | 1 | 0 | 2 |" in printed
+    assert f"--predictions_path {out}/swe_predictions.sample0.jsonl" in printed
     assert os.environ["WANDB_MODE"] == "offline"
     assert list(out.glob("wandb/offline-run-*"))
 
