@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import fcntl
 import os
 import shutil
 import signal
@@ -61,25 +62,45 @@ class CommandResult:
 
 
 class _UidPool:
-    """Hands out distinct user ids ``base .. base + size - 1`` within this process."""
+    """Hands out user ids ``base .. base + size - 1``, each to one workspace at a time
+    across all processes on the host.
 
-    def __init__(self, size: int = 4096) -> None:
+    A uid is held by an exclusive ``flock`` on ``<lock_dir>/<uid>.lock``; the kernel
+    drops the lock when the holder exits, so a crashed process leaks nothing. Without
+    this, two processes could share a uid, and one's ``destroy`` (which kills the uid's
+    processes) would kill the other's commands.
+    """
+
+    def __init__(self, size: int = 4096, lock_dir: str = "/tmp/misa-sandbox-uids") -> None:
         self.size = size
-        self._used: set[int] = set()
+        self.lock_dir = Path(lock_dir)
+        self._held: dict[int, int] = {}  # uid -> lock file descriptor
         self._lock = threading.Lock()
 
     def take(self, base: int) -> int:
         with self._lock:
+            self.lock_dir.mkdir(mode=0o700, exist_ok=True)
             for slot in range(self.size):
-                if base + slot not in self._used:
-                    self._used.add(base + slot)
-                    return base + slot
-        raise SandboxError(f"all {self.size} sandbox user ids are in use; destroy finished "
-                           "workspaces before creating more.")
+                uid = base + slot
+                if uid in self._held:
+                    continue
+                fd = os.open(self.lock_dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self._held[uid] = fd
+                return uid
+        raise SandboxError(f"all {self.size} sandbox user ids from {base} are in use; destroy "
+                           "finished workspaces before creating more.")
 
     def give_back(self, uid: int) -> None:
         with self._lock:
-            self._used.discard(uid)
+            fd = self._held.pop(uid, None)
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
 
 
 _UIDS = _UidPool()

@@ -166,3 +166,15 @@ async def test_concurrent_workspaces_do_not_see_each_other(snapshot, tmp_path):
         assert len({ws.uid for ws in spaces}) == 8 or spaces[0].uid is None
     finally:
         await asyncio.gather(*(ws.destroy() for ws in spaces))
+
+
+def test_uid_is_never_shared_between_processes(tmp_path):
+    from sandbox.workspace import _UidPool
+
+    # Two pools stand for two processes: flock on separate opens of one file conflicts.
+    a, b = _UidPool(size=4, lock_dir=str(tmp_path)), _UidPool(size=4, lock_dir=str(tmp_path))
+    first = a.take(900_000)
+    second = b.take(900_000)
+    assert first != second
+    a.give_back(first)
+    assert b.take(900_000) == first
