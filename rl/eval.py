@@ -15,7 +15,6 @@ are logged to wandb (offline unless WANDB_MODE says otherwise).
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -41,7 +40,6 @@ register_user_error(TaskError)
 register_user_error(SandboxError)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-log = logging.getLogger("rl.eval")
 
 
 def _repo_path(path: str) -> Path:
@@ -56,10 +54,17 @@ def settings_of(cfg: DictConfig) -> EvalSettings:
         EvalError: n, ks or concurrency out of range.
     """
     e = cfg.eval
-    return EvalSettings(n=int(e.n), ks=tuple(int(k) for k in e.ks), temperature=float(e.temperature),
-                        top_p=float(e.top_p), max_tokens=int(e.max_tokens), seed=int(e.seed),
-                        concurrency=int(e.concurrency), retry_errors=bool(e.retry_errors),
-                        run_id=f"eval-{Path(str(e.out_dir)).parent.name or 'run'}")
+    try:
+        return EvalSettings(
+            n=int(e.n), ks=tuple(int(k) for k in e.ks), temperature=float(e.temperature),
+            top_p=float(e.top_p), max_tokens=int(e.max_tokens), seed=int(e.seed),
+            concurrency=int(e.concurrency), retry_errors=bool(e.retry_errors),
+            run_id=f"eval-{Path(str(e.out_dir)).parent.name or 'run'}")
+    except (TypeError, ValueError) as err:
+        if isinstance(err, EvalError):
+            raise
+        raise EvalError(f"eval settings: {err}; n, ks, max_tokens, seed and concurrency are "
+                        "integers (ks a list), temperature and top_p numbers.") from None
 
 
 def single_turn_benchmarks(cfg: DictConfig) -> list[Benchmark]:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rl.config import compose
 from rl.eval import run
 
@@ -56,3 +58,12 @@ def test_missing_benchmark_file_prints_one_message_and_exits_1(tmp_path):
     assert proc.returncode == 1
     assert "gsm8k" in proc.stderr and "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_non_integer_k_is_a_clear_error():
+    from rl.eval import settings_of
+    from rl.evaluation import EvalError
+
+    cfg = compose("eval", ["run_dir=runs/test", "eval.ks=[1,x]"])
+    with pytest.raises(EvalError, match="integers"):
+        settings_of(cfg)
