@@ -7,8 +7,10 @@ process), the same closed-loop load is sent to each target in turn:
 - ``ours/<policy>``: ``python -m router`` with that policy (misa_t and round_robin);
 - ``vllm-router``: the real vLLM Router program (cache_aware).
 
-Two phases per target: concurrency 1 (added latency: p50/p99 minus direct's) and
-concurrency ``--concurrency`` (throughput, requests/s, and its ratio to vllm-router).
+Two phases: concurrency 1 with the targets interleaved request by request (added
+latency: p50/p99 minus direct's; interleaving spreads machine drift over all targets
+alike), then concurrency ``--concurrency`` per target in turn (throughput, requests/s,
+and its ratio to vllm-router). All routers run for the whole benchmark.
 Goals: p50 added <= 1 ms, throughput >= 0.7x vllm-router. Prints a table and saves a
 bar chart.
 
@@ -40,7 +42,7 @@ from router.policies import registered_policy_names
 
 @dataclass
 class Phase:
-    """Latencies (ms) and throughput (requests/s) of one load phase on one target."""
+    """One target's latencies at concurrency 1 (ms) and throughput under load (requests/s)."""
 
     latencies_ms: list[float]
     throughput_rps: float
@@ -49,32 +51,47 @@ class Phase:
         return statistics.quantiles(self.latencies_ms, n=100, method="inclusive")[int(q) - 1]
 
 
-async def load(url: str, n_requests: int, concurrency: int, label: str) -> Phase:
-    """Send ``n_requests`` completions with ``concurrency`` workers in a closed loop."""
-    body = b'{"model": "fake-model", "prompt": "' + b"word " * 200 + b'", "max_tokens": 4}'
-    # Single-turn rlvr units: each request is a whole session (closed when it finishes).
-    headers = {"Content-Type": "application/json", "X-Workload-Class": "rlvr", "X-Session-End": "1"}
-    latencies: list[float] = []
+_BODY = b'{"model": "fake-model", "prompt": "' + b"word " * 200 + b'", "max_tokens": 4}'
+# Single-turn rlvr units: each request is a whole session (closed when it finishes).
+_HEADERS = {"Content-Type": "application/json", "X-Workload-Class": "rlvr", "X-Session-End": "1"}
+
+
+async def _post(session: aiohttp.ClientSession, url: str, session_id: str) -> float:
+    """One completion through ``url``; returns its latency in ms."""
+    t0 = time.perf_counter()
+    async with session.post(f"{url}/v1/completions", data=_BODY, headers={**_HEADERS, "X-Session-Id": session_id}) as r:
+        await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status} from {url}")
+    return (time.perf_counter() - t0) * 1000
+
+
+async def serial_latencies(urls: dict[str, str], n_requests: int) -> dict[str, list[float]]:
+    """Concurrency 1, targets interleaved request by request (drift hits all alike); ms."""
+    out: dict[str, list[float]] = {name: [] for name in urls}
+    async with aiohttp.ClientSession() as session:
+        for i in tqdm(range(n_requests), desc="c=1, interleaved", leave=False, file=sys.stderr):
+            for name, url in urls.items():
+                out[name].append(await _post(session, url, f"serial-{name}-{i}"))
+    return out
+
+
+async def throughput_rps(url: str, n_requests: int, concurrency: int, label: str) -> float:
+    """Requests/s of ``n_requests`` sent by ``concurrency`` closed-loop workers."""
     remaining = iter(range(n_requests))
     bar = tqdm(total=n_requests, desc=label, leave=False, file=sys.stderr)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def worker() -> None:
             for i in remaining:
-                t0 = time.perf_counter()
-                async with session.post(f"{url}/v1/completions", data=body,
-                                        headers={**headers, "X-Session-Id": f"{label}-{i}"}) as r:
-                    await r.read()
-                    if r.status != 200:
-                        raise RuntimeError(f"{label}: HTTP {r.status} from {url}")
-                latencies.append((time.perf_counter() - t0) * 1000)
+                await _post(session, url, f"{label}-{i}")
                 bar.update()
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
     bar.close()
-    return Phase(latencies, n_requests / elapsed)
+    return n_requests / elapsed
 
 
 def main() -> None:
@@ -94,47 +111,44 @@ def main() -> None:
     ).start()
     engine.wait_healthy(30, poll_s=0.2)
     engine_url = f"http://127.0.0.1:{port}"
-    targets: list[tuple[str, dict | None]] = [("direct", None)]
+    routers: dict[str, dict] = {}
     for policy in ("misa_t", "round_robin"):
         if policy in registered_policy_names():
-            targets.append((f"ours/{policy}", {"impl": "ours", "policy": policy, "params": {}}))
+            routers[f"ours/{policy}"] = {"impl": "ours", "policy": policy, "params": {}}
         else:
             print(f"policy {policy} is not registered yet: skipped", file=sys.stderr)
-    targets.append(("vllm-router", OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))))
+    routers["vllm-router"] = OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
 
-    results: dict[str, tuple[Phase, Phase]] = {}
+    handles = []
     try:
-        for name, cfg in targets:
-            handle = None
-            if cfg is not None:
-                handle = start_router(cfg, [engine_url], [], None, log_dir / name.replace("/", "-"))
-            url = handle.url if handle else engine_url
-            try:
-                asyncio.run(load(url, 50, 4, f"{name} warm-up"))
-                serial = asyncio.run(load(url, args.requests, 1, f"{name} c=1"))
-                loaded = asyncio.run(load(url, args.requests, args.concurrency, f"{name} c={args.concurrency}"))
-                results[name] = (serial, loaded)
-            finally:
-                if handle:
-                    handle.stop()
+        urls = {"direct": engine_url}
+        for name, cfg in routers.items():
+            handles.append(start_router(cfg, [engine_url], [], None, log_dir / name.replace("/", "-")))
+            urls[name] = handles[-1].url
+        for name, url in urls.items():
+            asyncio.run(throughput_rps(url, 50, 4, f"{name} warm-up"))
+        serial = asyncio.run(serial_latencies(urls, args.requests))
+        loaded = {name: asyncio.run(throughput_rps(url, args.requests, args.concurrency, f"{name} c={args.concurrency}"))
+                  for name, url in urls.items()}
     finally:
+        for handle in handles:
+            handle.stop()
         engine.stop()
-    report(results, args)
+    report({name: (Phase(serial[name], loaded[name])) for name in urls}, args)
 
 
-def report(results: dict[str, tuple[Phase, Phase]], args: argparse.Namespace) -> None:
+def report(results: dict[str, Phase], args: argparse.Namespace) -> None:
     """Print the side-by-side table and save the bar chart."""
-    direct = results["direct"][0]
-    vllm_rps = results["vllm-router"][1].throughput_rps if "vllm-router" in results else None
+    direct = results["direct"]
+    vllm_rps = results["vllm-router"].throughput_rps if "vllm-router" in results else None
     table = Table(title=f"Router proxy overhead (fake engine {args.delay_ms:.0f} ms, {args.requests} requests/phase)")
     for col in ("target", "p50 ms", "p99 ms", "p50 added ms", "p99 added ms",
                 f"req/s c={args.concurrency}", "x vllm-router"):
         table.add_column(col, justify="right" if col != "target" else "left")
-    for name, (serial, loaded) in results.items():
-        ratio = f"{loaded.throughput_rps / vllm_rps:.2f}" if vllm_rps else "-"
-        table.add_row(name, f"{serial.pct_ms(50):.2f}", f"{serial.pct_ms(99):.2f}",
-                      f"{serial.pct_ms(50) - direct.pct_ms(50):+.2f}", f"{serial.pct_ms(99) - direct.pct_ms(99):+.2f}",
-                      f"{loaded.throughput_rps:.0f}", ratio)
+    for name, r in results.items():
+        ratio = f"{r.throughput_rps / vllm_rps:.2f}" if vllm_rps else "-"
+        table.add_row(name, f"{r.pct_ms(50):.2f}", f"{r.pct_ms(99):.2f}", f"{r.pct_ms(50) - direct.pct_ms(50):+.2f}",
+                      f"{r.pct_ms(99) - direct.pct_ms(99):+.2f}", f"{r.throughput_rps:.0f}", ratio)
     Console(width=120).print(table)
 
     import matplotlib
@@ -144,11 +158,11 @@ def report(results: dict[str, tuple[Phase, Phase]], args: argparse.Namespace) ->
 
     names = list(results)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.bar(names, [results[n][0].pct_ms(50) - direct.pct_ms(50) for n in names], label="p50")
-    ax1.bar(names, [results[n][0].pct_ms(99) - direct.pct_ms(99) for n in names], alpha=0.4, label="p99")
+    ax1.bar(names, [results[n].pct_ms(50) - direct.pct_ms(50) for n in names], label="p50")
+    ax1.bar(names, [results[n].pct_ms(99) - direct.pct_ms(99) for n in names], alpha=0.4, label="p99")
     ax1.set_ylabel("added latency at c=1 (ms)")
     ax1.legend()
-    ax2.bar(names, [results[n][1].throughput_rps for n in names])
+    ax2.bar(names, [results[n].throughput_rps for n in names])
     ax2.set_ylabel(f"requests/s at c={args.concurrency}")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=20)

@@ -29,6 +29,7 @@ to the log only.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import time
@@ -93,6 +94,8 @@ class ServiceConfig:
         session_idle_timeout_s: a session with nothing in flight for this long is
             closed (``SessionEnded(reason="idle_timeout")``); 0 disables.
         tokenizer_threads: threads that tokenize prompts off the event loop.
+        wake_per_finish: held requests (oldest first) rechecked at once when a request
+            finishes; the others recheck after their hold delay.
     """
 
     workload_classes: tuple[str, ...] = ("agent", "rlvr", "rlhf")
@@ -107,10 +110,11 @@ class ServiceConfig:
     long_hold_s: float = 30.0
     session_idle_timeout_s: float = 600.0
     tokenizer_threads: int = 1
+    wake_per_finish: int = 4
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
-                     "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads"):
+                     "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
             if getattr(self, name) <= 0:
                 raise RouterConfigError(f"router service option {name} must be > 0, got {getattr(self, name)!r}")
         if self.max_retries < 0 or self.session_idle_timeout_s < 0:
@@ -239,7 +243,8 @@ class RouterService:
         self._ids = itertools.count()
         self._sessions: dict[str, _Session] = {}
         self._held_now = 0
-        self._capacity_freed = asyncio.Event()
+        # Held requests waiting for a recheck: (arrival_s, seq, future), oldest first.
+        self._held_waiters: list[tuple[float, int, asyncio.Future]] = []
         self._probes: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._pool = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="tokenize")
@@ -343,7 +348,7 @@ class RouterService:
         log.warning("engine %s is %s", instance, "healthy again" if healthy else "unhealthy; probing /health")
         self.observe(InstanceHealthChanged(instance, healthy, self.clock()))
         if healthy:
-            self._wake_held()
+            self._wake_held(len(self._held_waiters))
         elif instance not in self._probes:
             self._probes[instance] = asyncio.create_task(self._probe(instance), name=f"probe {instance}")
 
@@ -364,10 +369,31 @@ class RouterService:
             self._probes.pop(instance, None)
         self._set_health(instance, True)
 
-    def _wake_held(self) -> None:
-        # Held requests wait on the current event; a fresh one serves the next waiters.
-        self._capacity_freed.set()
-        self._capacity_freed = asyncio.Event()
+    def _wake_held(self, n: int) -> None:
+        """Recheck the ``n`` longest-waiting held requests now (capacity was freed).
+
+        Only a few per finished request: waking every held request on every finish
+        would cost O(held) decide() calls per finish when the backlog is long; the rest
+        recheck after their own ``recheck_after_s``.
+        """
+        waiters = self._held_waiters
+        while n > 0 and waiters:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    async def _wait_held(self, request: Request, delay_s: float) -> None:
+        """Sleep ``delay_s`` or until ``_wake_held`` picks this request, whichever is first."""
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._held_waiters, (request.arrival_s, next(self._ids), fut))
+        try:
+            await asyncio.wait_for(fut, timeout=max(delay_s, 0.0))
+        except asyncio.TimeoutError:
+            pass
+        if len(self._held_waiters) > 2 * self._held_now + 64:  # drop timed-out entries
+            self._held_waiters = [w for w in self._held_waiters if not w[2].done()]
+            heapq.heapify(self._held_waiters)
 
     async def _sweep_idle_sessions(self) -> None:
         timeout_s = self.config.session_idle_timeout_s
@@ -474,11 +500,7 @@ class RouterService:
                     self._held_now += 1
                     self.metrics.holds.labels(cls).inc()
                     self.metrics.held_now.labels(cls).inc()
-                freed = self._capacity_freed
-                try:
-                    await asyncio.wait_for(freed.wait(), timeout=max(decision.recheck_after_s, 0.0))
-                except asyncio.TimeoutError:
-                    pass
+                await self._wait_held(request, decision.recheck_after_s)
         finally:
             if held_since is not None:
                 self._held_now -= 1
@@ -554,7 +576,7 @@ class RouterService:
                     ok=outcome == "ok",
                 )
             )
-            self._wake_held()
+            self._wake_held(self.config.wake_per_finish)
 
     def _engine_failed(self, instance: str, request: Request, why: str) -> None:
         self.metrics.engine_failures.labels(instance).inc()
@@ -753,6 +775,7 @@ def build_service(cfg: Any) -> RouterService:
         long_hold_s=float(cfg.server.long_hold_s),
         session_idle_timeout_s=float(cfg.sessions.idle_timeout_s),
         tokenizer_threads=int(cfg.server.tokenizer_threads),
+        wake_per_finish=int(cfg.server.wake_per_finish),
     )
     tokenizer = PromptTokenizer(cfg.model.path)
     return RouterService(

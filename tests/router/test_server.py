@@ -365,3 +365,29 @@ async def test_kv_events_reach_policy_and_state_through_the_service(engines):
     finally:
         await service.stop()
         pub.close(linger=0)
+
+
+class OneAtATimePolicy(RecordingPolicy):
+    """Admit one request at a time; hold the rest with a recheck delay far beyond the test."""
+
+    def decide(self, request, view, now):
+        self.decisions += 1
+        busy = len(self.of_type(RequestStarted)) > len(self.of_type(RequestFinished))
+        return Hold(600.0, reason="one at a time") if busy else RoundRobinPolicy.decide(self, request, view, now)
+
+
+async def test_held_request_rechecked_as_soon_as_a_request_finishes(engines):
+    engines[0].delay_s = 0.2
+    service = await start_router(engines, policy=OneAtATimePolicy())
+    try:
+        async with httpx.AsyncClient(base_url=service.url) as client:
+            first = asyncio.create_task(client.post("/v1/completions", json={"model": "m", "prompt": "a"}))
+            while not service.policy.of_type(RequestStarted):
+                await asyncio.sleep(0.01)
+            second = asyncio.create_task(client.post("/v1/completions", json={"model": "m", "prompt": "b"}))
+            # Not after the 600 s recheck delay: the first request's finish wakes the held one.
+            answers = await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert service.policy.decisions == 3 and service.state()["held_requests"] == 0
+    finally:
+        await service.stop()
