@@ -176,7 +176,7 @@ async def _json_errors(request: web.Request, handler):
             405: f"method {request.method} is not allowed on {request.path}",
             404: f"no route {request.path}; this router serves /v1/completions, /v1/chat/completions, "
             "/v1/models, /health, /metrics, /state",
-            413: f"request body too large: {exc.text}",
+            413: f"request body too large ({exc.text}); the limit is server.max_body_bytes",
         }.get(exc.status, exc.reason)
         return error_response(exc.status, message)
     except (asyncio.CancelledError, ConnectionResetError):

