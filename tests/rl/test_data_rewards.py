@@ -126,6 +126,7 @@ def test_domain_rewards_route_by_domain_and_reject_unknown():
         rewards.score([Prompt("g", "gsm8k", user_prompt("q"), "1")], ["1"])
 
 
+@pytest.mark.slow  # loads a model: 5-30 s on the shared CPU
 def test_zero_shot_judge_gives_a_distribution_over_ratings(model_path):
     judge = ZeroShotJudgeScorer(model_path)
     p = InstructionSource().draw(np.random.default_rng(1))
@@ -136,6 +137,7 @@ def test_zero_shot_judge_gives_a_distribution_over_ratings(model_path):
     assert all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
 
 
+@pytest.mark.slow  # loads a model: 5-30 s on the shared CPU
 def test_reward_model_scorer_reads_one_logit_per_pair(tmp_path, model_path):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification

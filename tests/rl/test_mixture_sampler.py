@@ -199,12 +199,19 @@ def test_sampler_feeding_ledger_keeps_consumed_tv_small_when_all_complete():
     assert led.consumed_tv() < 0.02
 
 
-def test_sampler_from_the_trainer_recipe_releases_every_configured_class():
+def _trainer_recipe() -> dict:
+    """The composed default ``trainer`` config, resolved, as plain containers."""
     from omegaconf import OmegaConf
 
+    from rl.config import compose
+
+    return OmegaConf.to_container(compose("train", ["run_dir=runs/test"]).trainer, resolve=True)
+
+
+def test_sampler_from_the_trainer_recipe_releases_every_configured_class():
     from rl.sampler import sampler_from_config
 
-    tcfg = OmegaConf.to_container(OmegaConf.load("recipes/trainer/grpo.yaml"))
+    tcfg = _trainer_recipe()
     s = sampler_from_config(tcfg, seed=0, run_id="r",
                             extra_sources={"agent": {"tasks": (_TaskSource(), 1.0)}})
     units = [u for _ in range(30) for u in s.next_group(0)]
@@ -216,13 +223,11 @@ def test_sampler_from_the_trainer_recipe_releases_every_configured_class():
 
 
 def test_trainer_recipe_builds_loss_learner_and_sync_configs():
-    from omegaconf import OmegaConf
-
     from rl.grpo import GRPOError, async_limits, loss_config
     from rl.learner import learner_config
     from rollout.weight_sync import weight_sync_config
 
-    tcfg = OmegaConf.to_container(OmegaConf.load("recipes/trainer/grpo.yaml"))
+    tcfg = _trainer_recipe()
     assert loss_config(tcfg["loss"]).eps_high == 0.28
     assert async_limits(tcfg).max_staleness == 1
     assert learner_config(tcfg).loss.loss_agg == "token_mean"
