@@ -187,12 +187,13 @@ class AgentService:
     def submit(self, body: dict[str, Any]) -> str:
         """Start an episode in the background; returns its id (validation happens first)."""
         self.task_of(body)
+        self._drop_unfetched()
         eid = str(body.get("session_id") or f"agent-{uuid.uuid4().hex[:12]}")
         if eid in self.episodes:
             raise AgentServerError(f"episode {eid!r} already exists; use a new session_id.")
         body = {**body, "session_id": eid}
         entry: dict[str, Any] = {"state": "queued", "done": asyncio.Event(), "result": None,
-                                 "error": None, "submitted_at": time.time()}
+                                 "error": None, "done_at": None}
 
         async def work() -> None:
             entry["state"] = "running"
@@ -200,12 +201,23 @@ class AgentService:
                 entry["result"] = (await self.run(body)).to_dict()
             except AgentServerError as e:
                 entry["error"] = str(e)
-            entry["state"] = "done"
+            entry["state"], entry["done_at"] = "done", time.monotonic()
             entry["done"].set()
 
         entry["task"] = asyncio.ensure_future(work())
         self.episodes[eid] = entry
         return eid
+
+
+    def _drop_unfetched(self) -> None:
+        """Forget done results nobody fetched within ``keep_results_s`` (bounded memory)."""
+        now = time.monotonic()
+        stale = [eid for eid, e in self.episodes.items()
+                 if e["done_at"] is not None and now - e["done_at"] > self.cfg.keep_results_s]
+        for eid in stale:
+            log.warning("dropping result of episode %s: not fetched in %s s", eid,
+                        self.cfg.keep_results_s)
+            del self.episodes[eid]
 
 
 # ---------------------------------------------------------------------- HTTP

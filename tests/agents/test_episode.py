@@ -46,26 +46,49 @@ def check_session_headers(requests, result: dict, group_id: str, unit_id: str) -
         assert full[: len(body["prompt"])] == body["prompt"]
 
 
-async def test_agent_server_solves_task_with_scripted_policy(scripted_server, tmp_path):
-    with launch_agent_server(tmp_path, [f"router_url={scripted_server.url}", *BYTE_LIMITS]) as (_, url):
+async def episode_via_agent_server(router_url: str, overrides: list[str], tmp_path,
+                                   **request) -> dict:
+    """The shared end-to-end body: start the agent server against ``router_url``, run one
+    episode, check the trajectory invariants, return the result."""
+    with launch_agent_server(tmp_path, [f"router_url={router_url}", *overrides],
+                             start_timeout_s=120) as (_, url):
+        client = AgentServerClient(url)
+        try:
+            result = await client.run_episode(**request)
+        finally:
+            await client.aclose()
+    assert result["status"] in ("submitted", "turn_limit", "context_limit"), result["error"]
+    assert result["reward"] in (0.0, 1.0)
+    check_trajectory(result)
+    assert all(isinstance(lp, float) for lp, m in
+               zip(result["response_logprobs"], result["response_mask"]) if m)
+    return result
+
+
+async def test_scripted_episode_end_to_end(model_base_url, scripted_server, tmp_path):
+    result = await episode_via_agent_server(model_base_url, BYTE_LIMITS, tmp_path,
+                                            instance_id="handmade__stats_mean",
+                                            group_id="g-1", unit_id="u-1", policy_version=7)
+    assert result["status"] == "submitted" and result["reward"] == 1.0
+    assert result["policy_version"] == 7 and "+    return total(xs) / len(xs)" in result["patch"]
+    assert set(result["response_logprobs"]) == {None, SCRIPTED_LOGPROB}
+    check_session_headers(scripted_server.requests, result, "g-1", "u-1")
+
+
+async def test_submit_and_poll_runs_episodes_concurrently(model_base_url, scripted_server, tmp_path):
+    with launch_agent_server(tmp_path, [f"router_url={model_base_url}", *BYTE_LIMITS]) as (_, url):
         client = AgentServerClient(url)
         try:
             assert "handmade__stats_mean" in await client.tasks()
-            result = await client.run_episode(instance_id="handmade__stats_mean",
-                                              group_id="g-1", unit_id="u-1", policy_version=7)
-            # submit + poll: several episodes at once
             ids = [await client.submit(instance_id=iid, group_id="g-2", unit_id=f"u-2-{i}")
                    for i, iid in enumerate(["handmade__text_slug", "handmade__stats_mean"] * 2)]
             polled = await asyncio.gather(*(client.result(e, poll_s=5) for e in ids))
             with pytest.raises(AgentClientError, match="unknown instance_id"):
                 await client.run_episode(instance_id="nope")
+            with pytest.raises(AgentClientError, match="no episode"):
+                await client.result(ids[0])  # a fetched result is gone
         finally:
             await client.aclose()
-    assert result["status"] == "submitted" and result["reward"] == 1.0
-    assert result["policy_version"] == 7 and "+    return total(xs) / len(xs)" in result["patch"]
-    assert set(result["response_logprobs"]) == {None, SCRIPTED_LOGPROB}
-    check_trajectory(result)
-    check_session_headers(scripted_server.requests, result, "g-1", "u-1")
     assert [r["reward"] for r in polled] == [1.0] * 4
     assert len({r["session_id"] for r in polled}) == 4
     for i, r in enumerate(polled):
@@ -138,18 +161,8 @@ async def test_unreachable_model_endpoint_ends_with_model_error(handmade_tasks):
 
 @pytest.mark.engine
 async def test_episode_through_real_router(real_router_url, tmp_path):
-    """Same path with the real model: the tokenizer comes from the router's /v1/models."""
-    overrides = [f"router_url={real_router_url}", "episode.limits.max_turns=3",
-                 "episode.limits.max_tokens_per_turn=96", "sampling.temperature=0.7"]
-    with launch_agent_server(tmp_path, overrides, start_timeout_s=120) as (_, url):
-        client = AgentServerClient(url)
-        try:
-            result = await client.run_episode(instance_id="handmade__stats_mean",
-                                              group_id="g-real", unit_id="u-real")
-        finally:
-            await client.aclose()
-    assert result["status"] in ("submitted", "turn_limit", "context_limit"), result["error"]
-    assert result["reward"] in (0.0, 1.0)
-    check_trajectory(result)
-    assert all(isinstance(lp, float) for lp, m in
-               zip(result["response_logprobs"], result["response_mask"]) if m)
+    """Same body with the real model: the tokenizer comes from the router's /v1/models."""
+    await episode_via_agent_server(
+        real_router_url, ["episode.limits.max_turns=3", "episode.limits.max_tokens_per_turn=96",
+                          "sampling.temperature=0.7"],
+        tmp_path, instance_id="handmade__stats_mean", group_id="g-real", unit_id="u-real")
