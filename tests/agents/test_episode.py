@@ -95,22 +95,26 @@ async def test_submit_and_poll_runs_episodes_concurrently(model_base_url, script
         check_session_headers(scripted_server.requests, r, "g-2", f"u-2-{i}")
 
 
-async def run_inline(server: ScriptedServer, task, limits: EpisodeLimits, url: str | None = None):
-    async with httpx.AsyncClient() as http:
-        client = ModelClient(http, url or server.url, "scripted", retries=0)
-        return await run_episode(task, SessionHeaders("s-inline", group_id="g", unit_id="u"),
-                                 client, ChatRenderer(ByteTokenizer()),
-                                 EpisodeConfig(limits=limits))
+async def run_scripted(policy, task, limits: EpisodeLimits, url: str | None = None):
+    """Run one episode in-process against a scripted server with ``policy`` (or against
+    ``url`` instead); returns (EpisodeResult, the server with its recorded requests)."""
+    server = ScriptedServer(policy)
+    runner, server.url = await server.start()
+    try:
+        async with httpx.AsyncClient() as http:
+            client = ModelClient(http, url or server.url, "scripted", retries=0)
+            result = await run_episode(task, SessionHeaders("s-inline", group_id="g", unit_id="u"),
+                                       client, ChatRenderer(ByteTokenizer()),
+                                       EpisodeConfig(limits=limits))
+    finally:
+        await runner.cleanup()
+    return result, server
 
 
 async def test_turn_limit_marks_the_last_model_call(handmade_tasks):
-    server = ScriptedServer(lambda s, turn, p: tool_call("bash", command=f"echo {turn}"))
-    runner, server.url = await server.start()
-    try:
-        result = await run_inline(server, handmade_tasks["handmade__stats_mean"],
-                                  EpisodeLimits(max_turns=3, max_context_tokens=65536))
-    finally:
-        await runner.cleanup()
+    result, server = await run_scripted(
+        lambda s, turn, p: tool_call("bash", command=f"echo {turn}"),
+        handmade_tasks["handmade__stats_mean"], EpisodeLimits(max_turns=3, max_context_tokens=65536))
     assert result.status == "turn_limit" and not result.session_closed_by_extra_request
     assert [t.session_end for t in result.turns] == [False, False, True]
     check_session_headers(server.requests, result.to_dict(), "g", "u")
@@ -121,14 +125,10 @@ async def test_malformed_model_output_never_crashes_the_episode(handmade_tasks):
                '<tool_call>{"name": "explode", "arguments": {}}</tool_call>',
                '<tool_call>{"name": "read_file", "arguments": {"path": "/etc/shadow"}}</tool_call>',
                "<tool_call>" + "x" * 5000]
-    server = ScriptedServer(lambda s, turn, p: garbage[turn] if turn < len(garbage) else tool_call("submit"))
-    runner, server.url = await server.start()
-    try:
-        result = await run_inline(server, handmade_tasks["handmade__text_slug"],
-                                  EpisodeLimits(max_turns=10, max_context_tokens=65536,
-                                                max_tokens_per_turn=1000))
-    finally:
-        await runner.cleanup()
+    result, _ = await run_scripted(
+        lambda s, turn, p: garbage[turn] if turn < len(garbage) else tool_call("submit"),
+        handmade_tasks["handmade__text_slug"],
+        EpisodeLimits(max_turns=10, max_context_tokens=65536, max_tokens_per_turn=1000))
     assert result.status == "submitted" and result.reward == 0.0
     problems = [p for t in result.turns for p in t.problems]
     assert len(problems) == 4
@@ -138,23 +138,18 @@ async def test_malformed_model_output_never_crashes_the_episode(handmade_tasks):
 
 
 async def test_context_limit_stops_before_overflowing(handmade_tasks):
-    server = ScriptedServer(lambda s, turn, p: tool_call("bash", command="seq 1 300"))
-    runner, server.url = await server.start()
-    try:
-        result = await run_inline(server, handmade_tasks["handmade__stats_mean"],
-                                  EpisodeLimits(max_turns=50, max_context_tokens=6000))
-    finally:
-        await runner.cleanup()
+    result, server = await run_scripted(
+        lambda s, turn, p: tool_call("bash", command="seq 1 300"),
+        handmade_tasks["handmade__stats_mean"], EpisodeLimits(max_turns=50, max_context_tokens=6000))
     assert result.status == "context_limit"
     assert len(result.prompt_token_ids) + len(result.response_token_ids) <= 6000
     assert server.requests[-1][0]["X-Session-End"] == "1"
 
 
 async def test_unreachable_model_endpoint_ends_with_model_error(handmade_tasks):
-    server = ScriptedServer(lambda *a: "")
-    result = await run_inline(server, handmade_tasks["handmade__stats_mean"],
-                              EpisodeLimits(max_context_tokens=65536),
-                              url=f"http://127.0.0.1:{free_port()}")
+    result, _ = await run_scripted(lambda *a: "", handmade_tasks["handmade__stats_mean"],
+                                   EpisodeLimits(max_context_tokens=65536),
+                                   url=f"http://127.0.0.1:{free_port()}")
     assert result.status == "model_error" and "failed" in result.error
     assert result.turns == [] and result.reward == 0.0
 
