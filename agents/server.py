@@ -294,8 +294,7 @@ def serve(cfg: DictConfig) -> None:
     Raises:
         AgentServerError, TaskError, SandboxError: bad configuration (caught in ``main``).
     """
-    if not cfg.sandbox.unsafe_no_isolation:
-        IsolationConfig(bwrap=cfg.sandbox.bwrap).bwrap_path()
+    episode_config(cfg).isolation.check()
 
     async def build() -> web.Application:
         return make_app(AgentService(cfg))

@@ -44,6 +44,9 @@ BWRAP_INSTALL_HINT = (
 )
 
 
+_CHECKED: set["IsolationConfig"] = set()
+
+
 def _default_runtime_paths() -> list[str]:
     # The interpreter running us (a venv and the Python it was made from), so sandboxed
     # commands can run `python -m pytest` with the same packages.
@@ -87,6 +90,34 @@ class IsolationConfig:
         if found is None:
             raise SandboxError(BWRAP_INSTALL_HINT)
         return found
+
+    def check(self) -> None:
+        """Run ``true`` in a throw-away sandbox once per configuration (cached).
+
+        Raises:
+            SandboxError: bubblewrap is missing or cannot create its namespaces here
+                (the message holds bubblewrap's own reason and what to do).
+        """
+        if self.unsafe_no_isolation or self in _CHECKED:
+            return
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="sandbox-check-") as tmp:
+            uid = None
+            if self.as_root:
+                uid = self.uid_base - 1  # outside the workspace range, never locked
+                os.chown(tmp, uid, uid)
+                os.chmod(tmp, 0o755)
+            argv = self.argv(Path(tmp), uid, Limits(), None, "true")
+            r = subprocess.run(argv, capture_output=True, text=True, env=self.env(), timeout=60)
+        if r.returncode != 0:
+            raise SandboxError(
+                f"bubblewrap cannot create a sandbox on this machine: {r.stderr.strip()[:500]}. "
+                "It needs user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu "
+                ">= 23.10 the AppArmor profile shipped with the bubblewrap package) or root. "
+                "Only if you trust every command, set sandbox.unsafe_no_isolation=true.")
+        _CHECKED.add(self)
 
     def env(self) -> dict[str, str]:
         """The environment of a sandboxed command (the host's is not passed on)."""

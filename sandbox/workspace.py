@@ -203,8 +203,7 @@ class Workspace:
                 isolation was not explicitly turned off.
         """
         isolation = isolation or IsolationConfig()
-        if not isolation.unsafe_no_isolation:
-            isolation.bwrap_path()  # fail early with the install hint
+        isolation.check()  # fail early: bubblewrap missing or unusable here
         snapshot = Path(snapshot).resolve()
         if not snapshot.is_dir():
             raise SandboxError(f"task snapshot {snapshot} is not a folder; build the tasks "
