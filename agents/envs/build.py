@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from agents.envs.mutate import OPERATORS, Mutation, apply_mutation, enumerate_mutations
-from agents.envs.task import DEFAULT_TEST_CMD, Task, TaskError, run_tests, write_tasks
+from agents.envs.task import Task, TaskError, evaluate, run_tests, write_tasks
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace, unified_diff
 
 
@@ -284,6 +284,16 @@ def write_snapshot(c: Candidate, clean: Path, out_dir: Path, iid: str) -> tuple[
     return snap, unified_diff(snap, clean)
 
 
+async def verify_task(task: Task, cfg: DictConfig, isolation: IsolationConfig) -> bool:
+    """True when the task scores 0 on its snapshot and 1 after its gold patch."""
+    limits = Limits(timeout_s=cfg.mutant_timeout_s, cpu_s=int(cfg.mutant_timeout_s))
+    async with Workspace.create(task.snapshot, root=cfg.work_dir, isolation=isolation) as ws:
+        before, _ = await evaluate(ws, task, limits)
+        await ws.apply_patch(task.patch)
+        after, _ = await evaluate(ws, task, limits)
+    return before == 0.0 and after == 1.0
+
+
 # ---------------------------------------------------------------------------- build
 
 
@@ -367,6 +377,16 @@ async def build(cfg: DictConfig) -> dict:
     write_tasks(tasks, out_dir / "tasks.jsonl")
     report.update(num_tasks=len(tasks), build_s=round(time.monotonic() - started, 1),
                   tasks_path=str(out_dir / "tasks.jsonl"))
+    if cfg.verify_tasks:
+        sample = random.Random(cfg.seed).sample(tasks, min(cfg.verify_tasks, len(tasks)))
+        slots = asyncio.Semaphore(cfg.workers)
+
+        async def bounded(t: Task) -> bool:
+            async with slots:
+                return await verify_task(t, cfg, isolation)
+        checks = await asyncio.gather(*(bounded(t) for t in sample))
+        report["verified"] = {"tasks": len(sample), "ok": sum(checks),
+                              "failed": [t.instance_id for t, ok in zip(sample, checks) if not ok]}
     (out_dir / "build_report.json").write_text(json.dumps(report, indent=2))
     return report
 

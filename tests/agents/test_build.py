@@ -114,7 +114,7 @@ def build_cfg(tmp_path: Path, **over):
     cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "recipes/agents/build_tasks.yaml")
     cfg.out_dir, cfg.cache_dir, cfg.work_dir = str(tmp_path / "out"), str(tmp_path / "cache"), None
     cfg.projects = [{"name": "tinylib", "version": "1.0", "source": ["tinylib"], "tests": "tests"}]
-    cfg.num_tasks, cfg.max_per_function = 4, 2
+    cfg.num_tasks, cfg.max_per_function, cfg.verify_tasks = 4, 2, 4
     for k, v in over.items():
         cfg[k] = v
     return cfg
@@ -125,6 +125,7 @@ async def test_build_from_local_sdist_gives_solvable_deterministic_tasks(tmp_pat
     make_sdist(tmp_path / "cache")
     report = await build(build_cfg(tmp_path))
     assert report["num_tasks"] == 4
+    assert report["verified"] == {"tasks": 4, "ok": 4, "failed": []}
     tasks = load_tasks(tmp_path / "out" / "tasks.jsonl")
     assert not (Path(next(iter(tasks.values())).snapshot) / "docs").exists()
     for task in tasks.values():
