@@ -101,12 +101,23 @@ def conversation_text(tokenizer, prompt: Prompt, completion: str) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in msgs)
 
 
-def _load(loader, path: str, what: str):
+def _load_scorer_model(auto_cls, path: str, what: str, device: str):
+    """(tokenizer with a pad token, eval-mode float32 model) from a HF folder or hub id.
+
+    Raises:
+        RewardError: either cannot be loaded.
+    """
+    from transformers import AutoTokenizer
+
     try:
-        return loader(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = auto_cls.from_pretrained(path, dtype=torch.float32).to(device).eval()
     except (OSError, ValueError) as e:
         raise RewardError(f"cannot load the {what} from {path}: {e}. Give a local Hugging "
                           "Face folder or hub id.") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, model
 
 
 class RewardModelScorer:
@@ -124,14 +135,11 @@ class RewardModelScorer:
 
     def __init__(self, model_path: str, device: str = "cpu", max_length_tokens: int = 2048,
                  batch_size: int = 8):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
-        self.tokenizer = _load(AutoTokenizer.from_pretrained, model_path, "reward model tokenizer")
+        self.tokenizer, self.model = _load_scorer_model(
+            AutoModelForSequenceClassification, model_path, "reward model", device)
         self.tokenizer.truncation_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = _load(lambda p: AutoModelForSequenceClassification.from_pretrained(
-            p, dtype=torch.float32), model_path, "reward model").to(device).eval()
         if self.model.config.num_labels != 1:
             raise RewardError(f"reward model {model_path} has {self.model.config.num_labels} "
                               "output labels; a reward model has exactly 1")
@@ -173,14 +181,11 @@ class ZeroShotJudgeScorer:
 
     def __init__(self, model_path: str, device: str = "cpu", max_answer_chars: int = 2000,
                  batch_size: int = 8):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        self.tokenizer = _load(AutoTokenizer.from_pretrained, model_path, "judge tokenizer")
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = _load(lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32),
-                           model_path, "judge model").to(device).eval()
+        self.tokenizer, self.model = _load_scorer_model(AutoModelForCausalLM, model_path,
+                                                        "judge model", device)
+        self.tokenizer.padding_side = "left"  # the rating is read at the last position
         ids = [self.tokenizer.encode(str(d), add_special_tokens=False) for d in range(1, 10)]
         if any(len(t) != 1 for t in ids):
             raise RewardError(f"judge model {model_path}: digits are not single tokens ({ids})")

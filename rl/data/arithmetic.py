@@ -28,20 +28,21 @@ _NAMES = ("Ava", "Ben", "Chen", "Dana", "Eli", "Fatima", "Gus", "Hana", "Ivan", 
 _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "shells")
 
 
-def _level1(rng: np.random.Generator) -> tuple[str, int]:
-    a, b = (int(x) for x in rng.integers(1, 10, size=2))
+def _add_or_subtract(rng: np.random.Generator, lo: int, hi: int) -> tuple[str, int]:
+    """a + b or a - b (a >= b, so the answer is >= 0) with operands in [lo, hi)."""
+    a, b = (int(x) for x in rng.integers(lo, hi, size=2))
     if rng.random() < 0.5:
         return f"What is {a} + {b}?", a + b
     a, b = max(a, b), min(a, b)
     return f"What is {a} - {b}?", a - b
+
+
+def _level1(rng: np.random.Generator) -> tuple[str, int]:
+    return _add_or_subtract(rng, 1, 10)
 
 
 def _level2(rng: np.random.Generator) -> tuple[str, int]:
-    a, b = (int(x) for x in rng.integers(10, 100, size=2))
-    if rng.random() < 0.5:
-        return f"What is {a} + {b}?", a + b
-    a, b = max(a, b), min(a, b)
-    return f"What is {a} - {b}?", a - b
+    return _add_or_subtract(rng, 10, 100)
 
 
 def _level3(rng: np.random.Generator) -> tuple[str, int]:
