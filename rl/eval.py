@@ -59,6 +59,7 @@ def settings_of(cfg: DictConfig) -> EvalSettings:
             n=int(e.n), ks=tuple(int(k) for k in e.ks), temperature=float(e.temperature),
             top_p=float(e.top_p), max_tokens=int(e.max_tokens), seed=int(e.seed),
             concurrency=int(e.concurrency), retry_errors=bool(e.retry_errors),
+            request_timeout_s=float(e.request_timeout_s),
             run_id=f"eval-{Path(str(e.out_dir)).parent.name or 'run'}")
     except (TypeError, ValueError) as err:
         if isinstance(err, EvalError):

@@ -45,6 +45,8 @@ class EvalSettings:
         seed: base seed of the per-sample seeds.
         concurrency: samples in flight at once.
         retry_errors: on a rerun, draw again the samples that ended in an error.
+        request_timeout_s: limit of one single-turn model call (router hold, queue and
+            generation); a call that exceeds it makes its sample an ``error``.
         run_id: prefix of the session ids (X-Session-Id) of this evaluation.
     """
 
@@ -56,6 +58,7 @@ class EvalSettings:
     seed: int = 0
     concurrency: int = 8
     retry_errors: bool = True
+    request_timeout_s: float = 600.0
     run_id: str = "eval"
 
     def __post_init__(self) -> None:
@@ -99,7 +102,7 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
     out = Path(tmp.name if tmp else out_dir)
     check_settings(out / "settings.json", {"model": model, **settings.sampling()})
     problems = {b.name: await b.problems() for b in benchmarks}
-    client = RolloutClient(router_url, model)
+    client = RolloutClient(router_url, model, timeout_s=settings.request_timeout_s)
     ctx = SampleContext(client, router_url, model, settings.temperature, settings.top_p,
                         settings.max_tokens, settings.seed, settings.run_id)
     sem = asyncio.Semaphore(settings.concurrency)
