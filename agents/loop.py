@@ -215,11 +215,10 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
                     submitted = True
                     break
                 observations.append(obs.text)
+            record.tool_s = time.monotonic() - call_done
             if submitted:
-                record.tool_s = time.monotonic() - call_done
                 status = "submitted"
                 break
-            record.tool_s = time.monotonic() - call_done
             if turn + 1 == lim.max_turns:
                 break
             observation_ids = renderer.observation_turn(observations)
