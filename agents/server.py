@@ -95,6 +95,7 @@ class AgentService:
             self.tasks.update(load_tasks(path))
         self.chat_format = ChatFormat(**OmegaConf.to_container(cfg.chat_format, resolve=True))
         self._renderers: dict[str, ChatRenderer] = {}
+        self._renderer_lock = asyncio.Lock()
         self._models: dict[str, str] = {}
         self._sem = asyncio.Semaphore(cfg.max_concurrent_episodes)
         self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
@@ -127,7 +128,16 @@ class AgentService:
         return self.tasks[iid]
 
     async def _renderer(self, router_url: str) -> tuple[ChatRenderer, str]:
-        """Renderer and model name for a router (tokenizer from config or /v1/models)."""
+        """Renderer and model name for a router (tokenizer from config or /v1/models).
+
+        Built once per router under a lock: concurrent first episodes would otherwise load
+        the tokenizer in several threads at once, and transformers' lazy imports are not
+        thread-safe.
+        """
+        async with self._renderer_lock:
+            return await self._renderer_unlocked(router_url)
+
+    async def _renderer_unlocked(self, router_url: str) -> tuple[ChatRenderer, str]:
         if router_url not in self._renderers:
             model = self.cfg.model
             root = None
