@@ -20,7 +20,13 @@ from typing import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RECIPES_DIR = REPO_ROOT / "recipes"
+
+# ${repo:relative/path} in a recipe: a path relative to the repository root, whatever the
+# working directory (e.g. ${repo:../shared/data/gsm8k/train.jsonl}).
+if not OmegaConf.has_resolver("repo"):
+    OmegaConf.register_new_resolver("repo", lambda p: str((REPO_ROOT / str(p)).resolve()))
 
 
 class ConfigError(ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,8 +32,38 @@ class ProcessStartError(RuntimeError):
     """
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` now (the OS picks it)."""
+    """Return a TCP port that is free on ``host`` now.
+
+    The port is taken below the kernel's ephemeral range: a server is often started tens
+    of seconds after its port is chosen (vLLM binds its KV-event socket only after
+    loading the model), and a port the kernel hands out for outgoing connections in the
+    meantime would collide with it.
+    """
+    lo, _ = _ephemeral_range()
+    start = max(1024, lo - 12000)
+    for _ in range(200):
+        port = random.randrange(start, lo)
+        if port in _HANDED_OUT:  # chosen earlier by this process, maybe not bound yet
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

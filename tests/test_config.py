@@ -53,4 +53,15 @@ def test_compose_raises_config_error_for_a_missing_group_option():
 def test_recipe_overrides_group_defaults():
     cfg = compose("train", ["recipe=mixed_step"])
     assert cfg.engine.kv_cache_space_gib == 0.5  # set by the recipe over engine/cpu.yaml
-    assert abs(sum(cfg.recipe.mixture.values()) - 1.0) < 0.01
+    assert cfg.trainer.max_in_flight == 32  # set by the recipe over trainer/grpo.yaml
+    assert set(cfg.trainer.rho) == {"agent", "rlvr", "rlhf"}
+
+
+def test_repo_relative_paths_resolve_from_the_repository_root():
+    from omegaconf import OmegaConf
+
+    from rl.config import REPO_ROOT
+
+    cfg = compose("train", [])
+    path = OmegaConf.to_container(cfg.trainer.domains.rlvr.gsm8k, resolve=True)["path"]
+    assert path == str((REPO_ROOT / "../shared/data/gsm8k/train.jsonl").resolve())

@@ -1,0 +1,319 @@
+"""Asynchronous GRPO over mixed rollouts: the main loop (DESIGN.md, "The job").
+
+One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken:
+
+1. **Release**: while in-flight units are below ``max_in_flight``, the sampler releases
+   whole GRPO groups at the target mixture rho; each unit becomes an asyncio task on a
+   rollout worker (single-turn for rlvr/rlhf, the agent server for agent units). All model
+   calls go through the router with the session headers.
+2. **Collect**: finished units gather by group. A group is ready when all its units are
+   back. A unit whose policy version is too old (``AsyncLimits.is_fresh``) is dropped and
+   counted; so is a unit whose model call failed.
+3. **Update**: once ``groups_per_step`` groups are ready, their group-normalised
+   advantages feed one learner step (in a worker thread, so generation keeps running:
+   generation runs ahead of training, bounded by staleness). The policy version rises.
+4. **Sync**: every ``sync_every`` steps the new weights go into the running engines
+   (pause / reload / reset prefix cache / resume) and the router clears its prefix index.
+5. **Log**: one line per iteration in ``metrics.jsonl`` and wandb (offline unless the user
+   logs in): iteration time and its parts, samples/min, requests/min, the engines' prefix
+   hit rate and prefill/decode tok/s, consumed mixture and its TV distance to rho,
+   backlog per class, router caps, reward per class, loss, KL, staleness.
+6. **Checkpoint** every ``checkpoint_every`` steps: model, optimizer, sampler and mixture
+   ledger together; a killed run resumes there (units in flight at the checkpoint are
+   recorded as dropped, never counted twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+from omegaconf import DictConfig, OmegaConf
+
+from rl.grpo import AsyncLimits, group_advantages
+from rl.mixture import MixtureLedger
+from rl.sampler import MixtureSampler, RolloutUnit
+from router.signals import parse_engine_metrics
+from rollout.workers import UnitResult
+
+CHECKPOINT_DIR = "checkpoint"
+
+
+class TrainerError(RuntimeError):
+    """The training loop cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class IterationStats:
+    """What one iteration's metrics are computed from (reset after each step)."""
+
+    started_s: float
+    wait_s: float = 0.0
+    units: list[UnitResult] = field(default_factory=list)
+    dropped_stale: int = 0
+    dropped_failed: int = 0
+
+
+@dataclass
+class EngineCounters:
+    """Summed engine counters at one moment (tokens; from each engine's /metrics)."""
+
+    at_s: float
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+
+    @classmethod
+    def scrape(cls, urls: list[str]) -> "EngineCounters":
+        c = cls(time.monotonic())
+        for url in urls:
+            try:
+                m = parse_engine_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+            except (httpx.HTTPError, ValueError):
+                continue  # a missing sample only makes this iteration's figures partial
+            c.prefix_queries += m.prefix_cache_queries_total
+            c.prefix_hits += m.prefix_cache_hits_total
+            c.prompt_tokens += m.prompt_tokens_total
+            c.generation_tokens += m.generation_tokens_total
+        return c
+
+    def rates(self, before: "EngineCounters") -> dict[str, float | None]:
+        """Prefix hit rate, effective prefill tok/s (hits included) and decode tok/s since ``before``."""
+        dt = max(self.at_s - before.at_s, 1e-9)
+        q = self.prefix_queries - before.prefix_queries
+        return {"prefix_hit_rate": (self.prefix_hits - before.prefix_hits) / q if q > 0 else None,
+                "prefill_tok_s": (self.prompt_tokens - before.prompt_tokens) / dt,
+                "decode_tok_s": (self.generation_tokens - before.generation_tokens) / dt}
+
+
+class Trainer:
+    """The asynchronous GRPO loop over one running serving stack.
+
+    Args:
+        tcfg: the ``trainer`` config group.
+        sampler, ledger: mixture sampler and ledger (restored on resume).
+        learner: ``rl.learner.Learner`` (its ``version`` is the policy version).
+        workers: workload class -> ``async run(unit) -> UnitResult``.
+        engine_urls: engines whose counters are scraped for the serving figures.
+        router_url: the router (its ``/state`` holds caps; None for the vLLM Router).
+        weight_sync: ``rollout.weight_sync`` object with ``sync(write_weights, version)``,
+            or None to skip syncing.
+        run_dir: the run folder (metrics.jsonl, checkpoint/).
+        log: callback taking one iteration's metrics dict (wandb, progress bar).
+    """
+
+    def __init__(self, tcfg: DictConfig, sampler: MixtureSampler, ledger: MixtureLedger,
+                 learner, workers: dict[str, Callable], engine_urls: list[str],
+                 router_url: str | None, weight_sync, run_dir: Path,
+                 log: Callable[[dict], None] = lambda m: None):
+        self.tcfg = tcfg
+        self.sampler = sampler
+        self.ledger = ledger
+        self.learner = learner
+        self.workers = workers
+        self.engine_urls = engine_urls
+        self.router_url = router_url
+        self.weight_sync = weight_sync
+        self.run_dir = Path(run_dir)
+        self.log = log
+        self.limits = AsyncLimits(int(tcfg.max_in_flight), int(tcfg.max_staleness))
+        self.groups_per_step = int(tcfg.groups_per_step)
+        self.iterations = int(tcfg.iterations)
+        self.sync_every = int(tcfg.sync_every)
+        self.checkpoint_every = int(tcfg.checkpoint_every)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.history: list[dict] = []
+        self.started_at_s = time.monotonic()
+        self.totals = {"units": 0, "requests": 0}
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self) -> list[dict]:
+        """Train until ``iterations`` policy versions; returns every iteration's metrics."""
+        in_flight: dict[asyncio.Task, RolloutUnit] = {}
+        groups: dict[str, list[UnitResult]] = defaultdict(list)
+        ready: list[list[UnitResult]] = []
+        it = IterationStats(time.monotonic())
+        counters = await asyncio.to_thread(EngineCounters.scrape, self.engine_urls)
+        update: asyncio.Task | None = None
+        try:
+            while self.learner.version < self.iterations or update is not None:
+                if self.learner.version + (update is not None) < self.iterations:
+                    self._release(in_flight)
+                waits = set(in_flight) | ({update} if update else set())
+                if not waits:
+                    raise TrainerError("nothing in flight and no update running: raise "
+                                       "trainer.max_in_flight above the largest group size")
+                t0 = time.monotonic()
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if update is None:
+                    it.wait_s += time.monotonic() - t0
+                for task in done:
+                    if task is update:
+                        update = None
+                        counters = await self._finish_iteration(task.result(), it, counters)
+                        it = IterationStats(time.monotonic())
+                        continue
+                    unit = in_flight.pop(task)
+                    self._collect(task.result(), unit, groups, ready, it)
+                # Start the next update as soon as enough fresh groups are ready.
+                ready = [g for g in ready if self._fresh_group(g, it)]
+                if update is None and len(ready) >= self.groups_per_step \
+                        and self.learner.version < self.iterations:
+                    batch, ready = ready[:self.groups_per_step], ready[self.groups_per_step:]
+                    update = asyncio.ensure_future(self._update(batch, it))
+        finally:
+            for task in in_flight:
+                task.cancel()
+            if in_flight:
+                await asyncio.gather(*in_flight, return_exceptions=True)
+        return self.history
+
+    def _release(self, in_flight: dict[asyncio.Task, RolloutUnit]) -> None:
+        free = self.limits.free_slots(len(in_flight))
+        for unit in self.sampler.release(free, self.learner.version):
+            if unit.workload_class not in self.workers:
+                raise TrainerError(f"no rollout worker for workload class {unit.workload_class!r}; "
+                                   f"set its rho weight to 0 or configure one ({sorted(self.workers)})")
+            self.ledger.record_released(unit.unit_id, unit.workload_class)
+            in_flight[asyncio.ensure_future(self.workers[unit.workload_class](unit))] = unit
+
+    def _collect(self, res: UnitResult, unit: RolloutUnit, groups, ready, it: IterationStats) -> None:
+        self.totals["requests"] += res.num_requests
+        it.units.append(res)
+        g = groups[unit.group_id]
+        g.append(res)
+        if len(g) == unit.group_size:
+            ready.append(groups.pop(unit.group_id))
+
+    def _fresh_group(self, group: list[UnitResult], it: IterationStats) -> bool:
+        """Drop a group whose units are too stale (MISA-T 3.1 staleness bound), counting them."""
+        if all(self.limits.is_fresh(r.unit.policy_version, self.learner.version) for r in group):
+            return True
+        for r in group:
+            self.ledger.record_dropped(r.unit.unit_id)
+            it.dropped_stale += 1
+        return False
+
+    async def _update(self, batch: list[list[UnitResult]], it: IterationStats) -> dict:
+        """Advantages, one learner step, weight sync; returns the step's figures."""
+        samples, used, rewards_by_class = [], [], defaultdict(list)
+        t0 = time.monotonic()
+        for group in batch:
+            ok = [r for r in group if r.ok]
+            for r in group:
+                if not r.ok:
+                    self.ledger.record_dropped(r.unit.unit_id)
+                    it.dropped_failed += 1
+            for r in ok:
+                rewards_by_class[r.unit.workload_class].append(r.reward)
+            if len(ok) < 2:
+                for r in ok:  # one unit carries no group signal: counted as consumed
+                    self.ledger.record_completed(r.unit.unit_id)
+                continue
+            adv = group_advantages([r.reward for r in ok], [r.unit.group_id for r in ok],
+                                   scale_by_std=bool(self.tcfg.loss.scale_adv_by_std))
+            for r, a in zip(ok, adv.tolist()):
+                samples.append(r.train_sample(a))
+                used.append(r)
+                self.ledger.record_completed(r.unit.unit_id)
+        staleness = [self.learner.version - r.unit.policy_version for r in used]
+        step: dict[str, Any] = {}
+        if samples:
+            step = await asyncio.to_thread(self.learner.step, samples)
+        else:
+            self.learner.version += 1  # nothing to learn from; the iteration still counts
+        update_s = time.monotonic() - t0
+        sync: dict[str, float] = {}
+        if self.weight_sync is not None and self.learner.version % self.sync_every == 0:
+            report = await asyncio.to_thread(self.weight_sync.sync, self.learner.save_weights,
+                                             self.learner.version)
+            sync = report.as_metrics()
+        return {"update_s": update_s, "step": step, "sync": sync,
+                "trained_units": len(used), "groups": len(batch),
+                "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+                "reward_by_class": {b: sum(v) / len(v) for b, v in rewards_by_class.items()}}
+
+    async def _finish_iteration(self, upd: dict, it: IterationStats,
+                                before: EngineCounters) -> EngineCounters:
+        now = await asyncio.to_thread(EngineCounters.scrape, self.engine_urls)
+        iter_s = time.monotonic() - it.started_s
+        finished = [r for r in it.units if r.ok]
+        self.totals["units"] += len(finished)
+        state = await asyncio.to_thread(self._router_state)
+        snap = self.ledger.snapshot()
+        m = {
+            "iteration": self.learner.version,
+            "time_s": round(time.monotonic() - self.started_at_s, 2),
+            "iteration_s": iter_s,
+            "generation_wait_s": it.wait_s,
+            "update_s": upd["update_s"],
+            "sync_s": upd["sync"].get("sync_total_s", 0.0) if upd["sync"] else 0.0,
+            "samples_per_min": len(finished) / iter_s * 60,
+            "requests_per_min": sum(r.num_requests for r in it.units) / iter_s * 60,
+            **now.rates(before),
+            "consumed_mixture": snap.get("consumed_mixture"),
+            "tv_distance": snap.get("consumed_tv"),
+            "backlog": snap.get("backlog"),
+            "released": snap.get("released"),
+            "completed": snap.get("completed"),
+            "dropped": snap.get("dropped"),
+            "dropped_stale": it.dropped_stale,
+            "dropped_failed": it.dropped_failed,
+            "reward_by_class": upd["reward_by_class"],
+            "trained_units": upd["trained_units"],
+            "staleness_mean": upd["staleness_mean"],
+            "router_caps": (state or {}).get("caps"),
+            **{f"loss/{k}": v for k, v in upd["step"].items()},
+            **{f"sync/{k}": v for k, v in upd["sync"].items()},
+        }
+        self.history.append(m)
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(m, default=float) + "\n")
+        self.log(m)
+        if self.checkpoint_every and self.learner.version % self.checkpoint_every == 0:
+            await asyncio.to_thread(self.save_checkpoint)
+        return now
+
+    def _router_state(self) -> dict | None:
+        if not self.router_url:
+            return None
+        try:
+            r = httpx.get(f"{self.router_url}/state", timeout=5)
+            return r.json() if r.is_success else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def save_checkpoint(self) -> Path:
+        """Model, optimizer, sampler, mixture ledger and history in ``run_dir/checkpoint``."""
+        return self.learner.save_checkpoint(self.run_dir / CHECKPOINT_DIR, extra={
+            "sampler": self.sampler.state_dict(), "ledger": self.ledger.state_dict(),
+            "history": self.history, "totals": self.totals})
+
+    def resume(self) -> bool:
+        """Restore the last checkpoint of ``run_dir`` if there is one; True if resumed.
+
+        Units that were in flight when the checkpoint was written are recorded as dropped:
+        the sampler continues after them and none is counted twice.
+        """
+        folder = self.run_dir / CHECKPOINT_DIR
+        if not folder.exists():
+            return False
+        extra = self.learner.load_checkpoint(folder)
+        self.sampler.load_state_dict(extra["sampler"])
+        self.ledger.load_state_dict(extra["ledger"])
+        for unit_id in list(self.ledger.state_dict()["in_flight"]):
+            self.ledger.record_dropped(unit_id)
+        self.history = list(extra.get("history", []))
+        self.totals = dict(extra.get("totals", self.totals))
+        return True

@@ -1,0 +1,157 @@
+"""Rollout workers: turn rollout units into model requests and finished samples (DESIGN.md step 3).
+
+- ``SingleTurnWorker`` (rlvr, rlhf): one ``/v1/completions`` call through the router on
+  the prompt rendered with the model's chat template (token ids in, token ids and
+  log-probs out, so the trainer sees exactly what was sampled), then the unit's reward.
+- ``AgentWorker`` (agent): hands the unit to the agent server, which runs the multi-turn
+  loop in a sandbox through the router and returns the token-level trajectory with its
+  loss mask, log-probs, reward and per-turn timing.
+
+Both return a ``UnitResult``; neither raises for a failed model call or episode: the
+result says ``ok=False`` with the error, and the trainer counts it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from agents.client import AgentClientError, AgentServerClient
+from agents.model_client import ModelCallError, ModelClient, SessionHeaders
+from rl.grpo import TrainSample
+from rl.sampler import RolloutUnit
+
+
+@dataclass
+class UnitResult:
+    """One finished (or failed) rollout unit.
+
+    Attributes:
+        unit: the unit as released.
+        ok: False when the model call or episode failed (``error`` says why).
+        reward: scalar reward (0.0 when not ok).
+        prompt_ids / completion_ids: the token sequence (completion = everything after
+            the first prompt; for agents, observations included).
+        logprobs: engine log-prob per completion token (0.0 where the engine gave none
+            or where ``loss_mask`` is 0).
+        loss_mask: 1 on the model's own tokens; None = all of them.
+        text: the (last) model answer as text, for logs.
+        num_requests: model calls the unit made.
+        model_s / tool_s: time in model calls and between them (tool gaps), seconds.
+        finished_at_s: monotonic time the unit finished.
+        info: extras for logs (status, finish reason, ...).
+    """
+
+    unit: RolloutUnit
+    ok: bool
+    reward: float = 0.0
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] | None = None
+    text: str = ""
+    num_requests: int = 0
+    model_s: float = 0.0
+    tool_s: float = 0.0
+    finished_at_s: float = 0.0
+    error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def train_sample(self, advantage: float) -> TrainSample:
+        """The GRPO training record of this unit with its group-normalised advantage."""
+        return TrainSample(prompt_ids=self.prompt_ids, completion_ids=self.completion_ids,
+                           old_logprobs=self.logprobs, advantage=float(advantage),
+                           loss_mask=self.loss_mask)
+
+
+def _session(unit: RolloutUnit) -> SessionHeaders:
+    return SessionHeaders(session_id=unit.session_id, workload_class=unit.workload_class,
+                          group_id=unit.group_id, unit_id=unit.unit_id)
+
+
+class SingleTurnWorker:
+    """Runs single-turn units (rlvr, rlhf) through the router.
+
+    Args:
+        client: completions client bound to the router (shared connection pool).
+        tokenizer: the served model's HF tokenizer (chat template, end token).
+        rewards: ``async score(prompts, completions) -> list[float]`` (``rl.reward_pool.RewardPool``).
+        max_tokens: workload class -> output token limit.
+        max_model_len: the engines' context length; prompts are cut to leave room.
+    """
+
+    def __init__(self, client: ModelClient, tokenizer, rewards,
+                 max_tokens: Mapping[str, int], max_model_len: int):
+        self.client = client
+        self.tok = tokenizer
+        self.rewards = rewards
+        self.max_tokens = dict(max_tokens)
+        self.max_model_len = int(max_model_len)
+        self.end_token_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    def render(self, unit: RolloutUnit) -> list[int]:
+        """Prompt token ids: the unit's messages through the chat template."""
+        ids = self.tok.apply_chat_template(list(unit.prompt.messages), tokenize=True,
+                                           add_generation_prompt=True)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+
+    async def run(self, unit: RolloutUnit) -> UnitResult:
+        prompt_ids = self.render(unit)
+        limit = int(self.max_tokens.get(unit.workload_class, 128))
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            return UnitResult(unit, False, error=f"prompt of {len(prompt_ids)} tokens leaves no "
+                              f"room under max_model_len={self.max_model_len}",
+                              finished_at_s=time.monotonic())
+        try:
+            c = await self.client.complete(prompt_ids, min(limit, room), self.end_token_id,
+                                           _session(unit), session_end=True)
+        except ModelCallError as e:
+            return UnitResult(unit, False, error=str(e), num_requests=1,
+                              finished_at_s=time.monotonic())
+        ids = c.token_ids
+        text = self.tok.decode(ids[:-1] if ids and ids[-1] == self.end_token_id else ids)
+        reward = (await self.rewards.score([unit.prompt], [text]))[0]
+        return UnitResult(unit, True, reward=reward, prompt_ids=prompt_ids, completion_ids=ids,
+                          logprobs=[lp if lp is not None else 0.0 for lp in c.logprobs],
+                          text=text, num_requests=1, model_s=c.model_s,
+                          finished_at_s=time.monotonic(),
+                          info={"finish_reason": c.finish_reason})
+
+
+class AgentWorker:
+    """Runs agent units as episodes on the agent server.
+
+    Args:
+        client: the agent server's client.
+        router_url: where the episode's model calls go.
+        model: served model name.
+        limits: per-episode limits sent with each request (see agents.loop.EpisodeLimits).
+    """
+
+    def __init__(self, client: AgentServerClient, router_url: str, model: str,
+                 limits: Mapping[str, Any] | None = None):
+        self.client = client
+        self.router_url = router_url
+        self.model = model
+        self.limits = dict(limits or {})
+
+    async def run(self, unit: RolloutUnit) -> UnitResult:
+        iid = unit.prompt.metadata.get("instance_id")
+        try:
+            ep = await self.client.run_episode(
+                instance_id=iid, session_id=unit.session_id, group_id=unit.group_id,
+                unit_id=unit.unit_id, policy_version=unit.policy_version,
+                router_url=self.router_url, model=self.model, limits=self.limits)
+        except (AgentClientError, OSError) as e:
+            return UnitResult(unit, False, error=str(e), finished_at_s=time.monotonic())
+        ok = ep["status"] not in ("model_error", "sandbox_error") and bool(ep["response_token_ids"])
+        return UnitResult(
+            unit, ok, reward=float(ep["reward"]) if ok else 0.0,
+            prompt_ids=ep["prompt_token_ids"], completion_ids=ep["response_token_ids"],
+            logprobs=[lp if lp is not None else 0.0 for lp in ep["response_logprobs"]],
+            loss_mask=ep["response_mask"], text=ep.get("patch", "")[:2000],
+            num_requests=len(ep["turns"]), model_s=ep["model_s"], tool_s=ep["tool_s"],
+            finished_at_s=time.monotonic(), error=ep.get("error", ""),
+            info={"status": ep["status"], "instance_id": ep["instance_id"]})
