@@ -178,7 +178,10 @@ class Trainer:
         return self.history
 
     def _release(self, in_flight: dict[asyncio.Task, RolloutUnit]) -> None:
-        free = self.limits.free_slots(len(in_flight))
+        # In flight = released and not yet trained on or dropped (the ledger's count): units
+        # that finished and wait in a group for the next step count too, so generation
+        # cannot run further ahead of training than max_in_flight units.
+        free = self.limits.free_slots(self.ledger.in_flight())
         for unit in self.sampler.release(free, self.learner.version):
             if unit.workload_class not in self.workers:
                 raise TrainerError(f"no rollout worker for workload class {unit.workload_class!r}; "

@@ -1,0 +1,181 @@
+"""The asynchronous GRPO loop (rl.trainer) with fake workers and a fake learner.
+
+The loop's own rules are checked here: iterations and metrics, the mixture ledger's
+books, the staleness bound, failed units, checkpoint and resume. The real learner,
+rewards, workers and engines have their own tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from rl.data import ArithmeticSource, InstructionSource
+from rl.data.agent_tasks import AgentTaskSource
+from rl.mixture import MixtureLedger
+from rl.sampler import MixtureSampler, WorkloadClassSpec
+from rl.trainer import Trainer
+from rollout.workers import UnitResult
+
+RHO = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
+
+
+class FakeLearner:
+    """Counts steps and what it was trained on; checkpoints to JSON."""
+
+    def __init__(self):
+        self.version = 0
+        self.trained = []
+
+    def step(self, samples):
+        self.trained.append(list(samples))
+        self.version += 1
+        return {"loss": 0.5, "kl": 0.0}
+
+    def save_weights(self, folder):
+        return folder
+
+    def save_checkpoint(self, folder, extra=None):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "state.json").write_text(json.dumps({"version": self.version, "extra": extra}))
+        return folder
+
+    def load_checkpoint(self, folder):
+        state = json.loads((folder / "state.json").read_text())
+        self.version = state["version"]
+        return state["extra"]
+
+
+def tcfg(**kw):
+    base = {"max_in_flight": 16, "max_staleness": 1, "groups_per_step": 2, "iterations": 3,
+            "sync_every": 1, "checkpoint_every": 1, "loss": {"scale_adv_by_std": True}}
+    return OmegaConf.create({**base, **kw})
+
+
+def sampler(seed=0):
+    return MixtureSampler(RHO, {
+        "agent": WorkloadClassSpec({"swe": (AgentTaskSource(["t1", "t2", "t3"]), 1.0)}, group_size=2),
+        "rlvr": WorkloadClassSpec({"arithmetic": (ArithmeticSource(levels=(1, 2)), 1.0)}, group_size=4),
+        "rlhf": WorkloadClassSpec({"instructions": (InstructionSource(), 1.0)}, group_size=2),
+    }, seed=seed, run_id="test")
+
+
+def make_worker(delay_s=0.0, fail=lambda unit: False, seed=0):
+    rng = random.Random(seed)
+
+    async def run(unit):
+        await asyncio.sleep(delay_s)
+        if fail(unit):
+            return UnitResult(unit, False, error="model call failed", num_requests=1)
+        return UnitResult(unit, True, reward=float(rng.random() < 0.5), prompt_ids=[1, 2, 3],
+                          completion_ids=[4, 5], logprobs=[-0.1, -0.2], num_requests=1)
+
+    return run
+
+
+class FakeSync:
+    def __init__(self):
+        self.versions = []
+
+    def sync(self, write_weights, version):
+        self.versions.append(version)
+
+        class Report:
+            def as_metrics(self):
+                return {"sync_total_s": 0.01}
+
+        return Report()
+
+
+def trainer(tmp_path, cfg, workers=None, learner=None, sync=None):
+    w = make_worker()
+    return Trainer(cfg, sampler(), MixtureLedger(RHO), learner or FakeLearner(),
+                   workers or {"agent": w, "rlvr": w, "rlhf": w}, [], None, sync, tmp_path)
+
+
+def books_balance(ledger: MixtureLedger) -> bool:
+    s = ledger.snapshot()
+    return all(s["released"][b] == s["completed"][b] + s["dropped"][b] + s["in_flight"][b]
+               for b in s["released"])
+
+
+def test_loop_takes_the_configured_steps_and_logs_each(tmp_path):
+    sync = FakeSync()
+    t = trainer(tmp_path, tcfg(), sync=sync)
+    history = asyncio.run(t.run())
+    assert [h["iteration"] for h in history] == [1, 2, 3]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    m = json.loads(lines[-1])
+    for key in ("iteration_s", "generation_wait_s", "update_s", "samples_per_min",
+                "requests_per_min", "consumed_mixture", "tv_distance", "backlog", "loss/loss"):
+        assert key in m
+    assert sync.versions == [1, 2, 3]
+    assert (tmp_path / "checkpoint" / "state.json").exists()
+
+
+def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_path):
+    t = trainer(tmp_path, tcfg(iterations=4))
+    asyncio.run(t.run())
+    assert books_balance(t.ledger)
+    # The loop cancels what is still in flight at the end; the ledger still holds them.
+    s = t.ledger.snapshot()
+    assert sum(s["completed"].values()) == sum(len(b) for b in t.learner.trained)
+
+
+def test_consumed_mixture_follows_the_target(tmp_path):
+    t = trainer(tmp_path, tcfg(iterations=12, groups_per_step=3, max_in_flight=24))
+    asyncio.run(t.run())
+    assert t.ledger.consumed_tv() < 0.15
+
+
+def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
+    slow = make_worker(delay_s=0.05)
+    fast = make_worker()
+    cfg = tcfg(max_staleness=0, iterations=3, groups_per_step=1)
+    learner = FakeLearner()
+    t = trainer(tmp_path, cfg, workers={"agent": slow, "rlvr": fast, "rlhf": fast}, learner=learner)
+    history = asyncio.run(t.run())
+    assert sum(h["dropped_stale"] for h in history) > 0
+    assert all(h["staleness_mean"] == 0.0 for h in history)
+    assert books_balance(t.ledger)
+
+
+def test_failed_units_are_dropped_and_never_trained(tmp_path):
+    bad = make_worker(fail=lambda u: u.group_index == 0)
+    learner = FakeLearner()
+    t = trainer(tmp_path, tcfg(), workers={"agent": bad, "rlvr": bad, "rlhf": bad}, learner=learner)
+    history = asyncio.run(t.run())
+    assert sum(h["dropped_failed"] for h in history) > 0
+    trained = [s for batch in learner.trained for s in batch]
+    assert trained and len(trained) == sum(h["trained_units"] for h in history)
+    assert books_balance(t.ledger)
+
+
+def test_resume_continues_from_the_checkpoint_without_counting_a_unit_twice(tmp_path):
+    first = trainer(tmp_path, tcfg(iterations=2))
+    asyncio.run(first.run())
+    completed_before = dict(first.ledger.completed_units)
+
+    second = trainer(tmp_path, tcfg(iterations=4))
+    assert second.resume()
+    assert second.learner.version == 2
+    assert second.ledger.in_flight() == 0  # units lost with the old process were dropped
+    assert second.sampler.num_groups == first.sampler.num_groups
+    history = asyncio.run(second.run())
+    assert [h["iteration"] for h in history][-2:] == [3, 4]
+    assert all(second.ledger.completed_units[b] >= n for b, n in completed_before.items())
+    assert books_balance(second.ledger)
+
+
+def test_no_worker_for_a_released_class_is_a_clear_error(tmp_path):
+    from rl.trainer import TrainerError
+
+    w = make_worker()
+    t = trainer(tmp_path, tcfg(), workers={"rlvr": w, "rlhf": w})
+    with pytest.raises(TrainerError, match="no rollout worker for workload class 'agent'"):
+        asyncio.run(t.run())
