@@ -124,7 +124,7 @@ async def test_unsafe_mode_runs_without_bwrap_only_when_asked(snapshot, tmp_path
                           isolation=IsolationConfig(bwrap="bwrap-not-installed",
                                                     unsafe_no_isolation=True))
     try:
-        result = await ws.run("python -m pytest -q -p no:cacheprovider test_pkg.py")
+        result = await ws.run("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:cacheprovider test_pkg.py")
         assert result.ok, result.stdout + result.stderr
     finally:
         await ws.destroy()
