@@ -10,8 +10,9 @@ KV blocks and residency seconds (admission -> end, tool gaps included).
 
 Every operation is O(1) amortised except :meth:`SessionLedger.mark_visible` (O(|P_w|))
 and :meth:`SessionLedger.unbind_instance` (O(|O_w| + |P_w|)). Idle expiry is O(expired):
-sessions with no request in flight sit in one insertion-ordered dict keyed by their last
-activity, so the oldest is always first. The ledger never reads a clock: callers pass
+protected or rebound sessions with no request in flight sit in one insertion-ordered
+dict by last activity, so the oldest is always first; held sessions leave by admission
+or, if nobody re-decides them, by :meth:`SessionLedger.forget_abandoned_holds`. The ledger never reads a clock: callers pass
 ``now`` (seconds).
 """
 
@@ -190,6 +191,7 @@ class SessionLedger:
             rec.cached_instance = rec.instance or rec.cached_instance
             if rec.protected:
                 self._unprotect(rec)
+            self._idle.pop(rec.session_id, None)  # held sessions leave by admission or abandonment
             rec.state, rec.held_since_s = HELD, now
             self._held.setdefault(rec.workload_class, OrderedDict())[rec.session_id] = rec
         rec.hold_reason, rec.last_decided_s = reason, now
@@ -242,7 +244,7 @@ class SessionLedger:
             return None
         if rec.end_requested:
             return self.end(session_id, now, "end")
-        if rec.protected:
+        if rec.protected or rec.state == REBOUND:
             self._touch_idle(rec, now)
         return None
 
@@ -268,6 +270,8 @@ class SessionLedger:
             rec.cached_instance = rec.instance
             self._unprotect(rec)
             rec.state = REBOUND
+            if rec.in_flight == 0:  # a rebound session nobody continues idles out like any other
+                self._touch_idle(rec, rec.last_activity_s)
 
     def unbind_instance(self, instance: str) -> int:
         """Unbind every protected session of ``instance``; returns how many."""
@@ -286,6 +290,7 @@ class SessionLedger:
             self._unprotect(rec)
         elif rec.state == HELD:
             del self._held[rec.workload_class][session_id]
+        self._idle.pop(session_id, None)
         residency = now - rec.admitted_s if rec.admitted_s is not None else None
         if residency is not None and rec.observed_blocks > 0:
             b = rec.workload_class
@@ -304,10 +309,11 @@ class SessionLedger:
         """Close protected sessions with nothing in flight and no activity for ``idle_timeout_s``."""
         out = []
         while self._idle:
-            rec = next(iter(self._idle.values()))
+            session_id, rec = next(iter(self._idle.items()))
             if now - rec.last_activity_s < idle_timeout_s:
                 break
-            done = self.end(rec.session_id, now, "idle_timeout")
+            del self._idle[session_id]  # progress even if the record is already gone
+            done = self.end(session_id, now, "idle_timeout")
             if done is not None:
                 out.append(done)
         return out
@@ -320,10 +326,12 @@ class SessionLedger:
         dropped = 0
         for queue in self._held.values():
             while queue:
-                rec = next(iter(queue.values()))
+                session_id, rec = next(iter(queue.items()))
                 if now - rec.last_decided_s < bound_s:
                     break
-                self.end(rec.session_id, now, "abandoned_hold")
+                del queue[session_id]
+                rec.state = NEW  # no longer in a held queue
+                self.end(session_id, now, "abandoned_hold")
                 dropped += 1
         self.abandoned_holds += dropped
         return dropped

@@ -70,3 +70,23 @@ def test_ten_thousand_sessions_fit_and_expire_in_one_pass() -> None:
     assert len(ledger) == 10_000 and ledger.protected_count("w0") == 2_500
     assert len(ledger.expire_idle(now=1_000.0, idle_timeout_s=120.0)) == 10_000
     assert len(ledger) == 0
+
+
+def test_rebound_session_nobody_continues_idles_out() -> None:
+    ledger = SessionLedger()
+    rec = ledger.open("s", "agent", None, 0.0)
+    ledger.admit(rec, "w0", 0.0)
+    ledger.request_started("s", 1.0, 2)
+    ledger.unbind_instance("w0")
+    ledger.request_finished("s", 2.0, blocks=2, session_end=False)
+    assert [f.reason for f in ledger.expire_idle(now=200.0, idle_timeout_s=120.0)] == ["idle_timeout"]
+    assert len(ledger) == 0
+
+
+def test_ended_rebound_session_leaves_the_idle_order() -> None:
+    ledger = SessionLedger()
+    rec = ledger.open("s", "agent", None, 0.0)
+    ledger.admit(rec, "w0", 0.0)
+    ledger.unbind_instance("w0")
+    ledger.end("s", 1.0, "end")
+    assert ledger.expire_idle(now=500.0, idle_timeout_s=120.0) == []
