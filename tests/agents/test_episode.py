@@ -87,6 +87,8 @@ async def test_submit_and_poll_runs_episodes_concurrently(model_base_url, script
                 await client.run_episode(instance_id="nope")
             with pytest.raises(AgentClientError, match="no episode"):
                 await client.result(ids[0])  # a fetched result is gone
+            metrics = (await client.http.get(url + "/metrics")).text
+            assert 'agent_episodes_total{status="submitted"} 4.0' in metrics
         finally:
             await client.aclose()
     assert [r["reward"] for r in polled] == [1.0] * 4
