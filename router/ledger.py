@@ -18,6 +18,7 @@ or, if nobody re-decides them, by :meth:`SessionLedger.forget_abandoned_holds`. 
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class SessionRecord:
 
     __slots__ = (
         "session_id", "workload_class", "group_id", "state", "instance", "cached_instance",
-        "first_seen_s", "admitted_s", "started_s", "last_activity_s", "turns", "in_flight",
+        "first_seen_s", "admitted_s", "started_s", "last_activity_s", "turn_starts_s", "turns", "in_flight",
         "observed_blocks", "end_requested", "held_since_s", "hold_reason", "last_decided_s",
         "floor_admitted",
     )  # fmt: skip
@@ -53,6 +54,7 @@ class SessionRecord:
         self.admitted_s: float | None = None
         self.started_s: float | None = None  # first request started (pending -> visible)
         self.last_activity_s = now
+        self.turn_starts_s = array("d")  # start time of each turn (8 bytes per turn)
         self.turns = 0
         self.in_flight = 0
         self.observed_blocks = 0
@@ -221,6 +223,7 @@ class SessionLedger:
             return
         rec.in_flight += 1
         rec.turns += 1
+        rec.turn_starts_s.append(now)
         rec.last_activity_s = now
         if rec.started_s is None:
             rec.started_s = now

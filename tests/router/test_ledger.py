@@ -11,6 +11,7 @@ def test_session_moves_pending_to_active_and_ends_into_class_histories() -> None
     ledger.admit(rec, "w0", 1.0)
     assert (rec.state, ledger.protected_count("w0"), ledger.class_counts("w0")) == (PENDING, 1, {"agent": 1})
     ledger.request_started("s", 2.0, prompt_blocks=3)
+    assert list(rec.turn_starts_s) == [2.0]
     ledger.mark_visible("w0", 2.5)
     assert rec.state == ACTIVE and ledger.visible_siblings("g") == 1
     done = ledger.request_finished("s", 5.0, blocks=7, session_end=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import json
+
 import pytest
 
 from router.policies import (
@@ -99,3 +101,20 @@ def test_omegaconf_params_and_nested_class_priors_are_checked() -> None:
         make_policy("misa", {"class_k_prior_blocks": {"agent": "big"}})
     with pytest.raises(RouterConfigError, match="'cache_aware', 'cost'"):
         make_policy("misa", {"placement": "best"})
+
+
+def test_every_policy_state_is_json_serialisable_after_decisions() -> None:
+    from router.policies.base import InstanceMetrics, MetricsSampled, RequestStarted
+
+    metrics = InstanceMetrics(num_blocks=50, block_size=16)
+    view = ClusterView(tuple(InstanceView(f"w{i}", metrics=metrics, metrics_age_s=0.0) for i in range(2)))
+    for name in POLICY_NAMES:
+        policy = make_policy(name)
+        policy.observe(MetricsSampled("w0", metrics, 0.0))
+        for i in range(12):
+            r = Request(f"r{i}", f"s{i}", workload_class=("agent", "rlvr")[i % 2], prompt_tokens=100)
+            decision = policy.decide(r, view, float(i))
+            if isinstance(decision, Admit):
+                policy.observe(RequestStarted(r, decision.instance, float(i)))
+        state = json.loads(json.dumps(policy.state()))
+        assert state["policy"] == name and state["admits"] + state["holds"] == 12
