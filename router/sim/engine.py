@@ -321,9 +321,11 @@ class Engine:
         while bh and bh[0][2] != bh[0][3].epoch:
             heapq.heappop(bh)
         if bh and bh[0][0] < self.clock + steps:
-            # Blocks fall due inside the chunk; allow it only if even the worst case fits.
-            worst = self._n_dec * (steps // self.config.block_size + 1)
-            if not self.kv.can_allocate(worst):
+            # Blocks fall due inside the chunk; allow it only if even the worst case fits:
+            # each decoder due in it needs at most steps // block_size + 1 blocks.
+            end = self.clock + steps
+            due = sum(1 for e in bh if e[0] < end and e[2] == e[3].epoch)
+            if not self.kv.can_allocate(due * (steps // self.config.block_size + 1)):
                 steps = min(steps, bh[0][0] - self.clock)
         return max(1, steps)
 

@@ -368,36 +368,39 @@ class Simulation:
         if not engine.kv.events:
             return
         sig = self.cfg.signals
+        batch = []
         for kind, hashes in engine.kv.drain_events():
             if sig.kv_event_loss and self._rng.random() < sig.kv_event_loss:
                 continue
             if kind == "stored":
-                ev = BlocksStored(engine.instance, tuple(hashes), self.now)
+                batch.append(BlocksStored(engine.instance, tuple(hashes), self.now))
             elif kind == "removed":
-                ev = BlocksRemoved(engine.instance, tuple(hashes), self.now)
+                batch.append(BlocksRemoved(engine.instance, tuple(hashes), self.now))
             else:
-                ev = AllBlocksCleared(engine.instance, self.now)
-            if sig.kv_event_delay_s > 0:
-                self._push(self.now + sig.kv_event_delay_s, _DELIVER, ev)
-            else:
-                self.policy.observe(ev)
+                batch.append(AllBlocksCleared(engine.instance, self.now))
+        self._send(batch, sig.kv_event_delay_s)
+
+    def _send(self, batch: list, delay_s: float) -> None:
+        """Deliver signal events to the policy now, or as one heap event after ``delay_s``."""
+        if not batch:
+            return
+        if delay_s > 0:
+            self._push(self.now + delay_s, _DELIVER, batch)
+        else:
+            self._on_deliver(batch, None)
 
     def _on_scrape(self, _a: Any, _b: Any) -> None:
         sig = self.cfg.signals
-        for e in self.engines:
-            if sig.metrics_loss and self._rng.random() < sig.metrics_loss:
-                continue
-            ev = MetricsSampled(e.instance, e.metrics(), self.now)
-            if sig.metrics_delay_s > 0:
-                self._push(self.now + sig.metrics_delay_s, _DELIVER, ev)
-            else:
-                self._on_deliver(ev, None)
+        batch = [MetricsSampled(e.instance, e.metrics(), self.now) for e in self.engines
+                 if not (sig.metrics_loss and self._rng.random() < sig.metrics_loss)]
+        self._send(batch, sig.metrics_delay_s)
         self._push(self.now + sig.scrape_period_s, _SCRAPE)
 
-    def _on_deliver(self, ev: Any, _b: Any) -> None:
-        if isinstance(ev, MetricsSampled):
-            self._latest[ev.instance] = (ev.metrics, ev.now)
-        self.policy.observe(ev)
+    def _on_deliver(self, batch: list, _b: Any) -> None:
+        for ev in batch:
+            if isinstance(ev, MetricsSampled):
+                self._latest[ev.instance] = (ev.metrics, ev.now)
+            self.policy.observe(ev)
 
     def _on_sync(self, _a: Any, _b: Any) -> None:
         for e in self.engines:
