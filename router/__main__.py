@@ -124,8 +124,14 @@ async def serve(cfg: DictConfig) -> None:
     """
     from router.server import build_service
 
+    port = cfg.server.port
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+        raise RouterConfigError(f"server.port must be a TCP port number (0 = any free one), got {port!r}")
     service = build_service(cfg)
-    url = await service.start(cfg.server.host, int(cfg.server.port))
+    try:
+        url = await service.start(cfg.server.host, port)
+    except OSError as exc:
+        raise RouterConfigError(f"cannot serve on {cfg.server.host}:{port} ({exc}); choose another server.port") from None
     log.info("router (policy %s) serving on %s for %s", service.policy.name, url, ", ".join(service.instances))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

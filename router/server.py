@@ -34,7 +34,7 @@ import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 import aiohttp
@@ -113,6 +113,12 @@ class ServiceConfig:
     wake_per_finish: int = 4
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value, default = getattr(self, f.name), f.default
+            if isinstance(default, (int, float)) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise RouterConfigError(f"router service option {f.name} must be a number, got {value!r}")
+            if isinstance(default, int) and not isinstance(value, int):
+                raise RouterConfigError(f"router service option {f.name} must be an integer, got {value!r}")
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
                      "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
             if getattr(self, name) <= 0:
@@ -740,6 +746,23 @@ def _usage_of_sse_tail(tail: bytes) -> dict:
     return {}
 
 
+# ServiceConfig field -> its key in recipes/router_service.yaml.
+_SERVICE_OPTIONS = {
+    "max_body_bytes": "server.max_body_bytes",
+    "long_hold_s": "server.long_hold_s",
+    "tokenizer_threads": "server.tokenizer_threads",
+    "wake_per_finish": "server.wake_per_finish",
+    "connect_timeout_s": "engines.connect_timeout_s",
+    "request_timeout_s": "engines.request_timeout_s",
+    "max_retries": "engines.max_retries",
+    "probe_interval_s": "engines.probe_interval_s",
+    "scrape_interval_s": "signals.scrape_interval_s",
+    "scrape_timeout_s": "signals.scrape_timeout_s",
+    "kv_topic": "signals.kv_topic",
+    "session_idle_timeout_s": "sessions.idle_timeout_s",
+}
+
+
 def build_service(cfg: Any) -> RouterService:
     """Build a :class:`RouterService` from the composed ``router_service`` config.
 
@@ -764,18 +787,7 @@ def build_service(cfg: Any) -> RouterService:
     policy = make_policy(cfg.router.policy, params)
     config = ServiceConfig(
         workload_classes=tuple(cfg.sessions.workload_classes),
-        max_body_bytes=int(cfg.server.max_body_bytes),
-        connect_timeout_s=float(cfg.engines.connect_timeout_s),
-        request_timeout_s=float(cfg.engines.request_timeout_s),
-        max_retries=int(cfg.engines.max_retries),
-        probe_interval_s=float(cfg.engines.probe_interval_s),
-        scrape_interval_s=float(cfg.signals.scrape_interval_s),
-        scrape_timeout_s=float(cfg.signals.scrape_timeout_s),
-        kv_topic=str(cfg.signals.kv_topic),
-        long_hold_s=float(cfg.server.long_hold_s),
-        session_idle_timeout_s=float(cfg.sessions.idle_timeout_s),
-        tokenizer_threads=int(cfg.server.tokenizer_threads),
-        wake_per_finish=int(cfg.server.wake_per_finish),
+        **{name: OmegaConf.select(cfg, path, throw_on_missing=True) for name, path in _SERVICE_OPTIONS.items()},
     )
     tokenizer = PromptTokenizer(cfg.model.path)
     return RouterService(

@@ -69,6 +69,8 @@ def test_vllm_router_argv_carries_recipe_thresholds():
         ("router=round-robin router.params.nope=1", "added with a leading '+'"),
         ("router=round-robin", "no engines: set engines.urls"),
         ("router=vllm engines.urls=[http://127.0.0.1:1]", "is run by router.launch.start_router"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] engines.max_retries=abc", "must be a number"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] server.port=-1", "server.port must be a TCP port"),
     ],
 )
 def test_config_mistake_gives_one_paragraph_and_no_traceback(override, expected):
