@@ -158,8 +158,10 @@ def report(results: dict[str, Phase], args: argparse.Namespace) -> None:
 
     names = list(results)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.bar(names, [results[n].pct_ms(50) - direct.pct_ms(50) for n in names], label="p50")
-    ax1.bar(names, [results[n].pct_ms(99) - direct.pct_ms(99) for n in names], alpha=0.4, label="p99")
+    x = range(len(names))
+    ax1.bar([i - 0.2 for i in x], [results[n].pct_ms(50) - direct.pct_ms(50) for n in names], width=0.4, label="p50")
+    ax1.bar([i + 0.2 for i in x], [results[n].pct_ms(99) - direct.pct_ms(99) for n in names], width=0.4, label="p99")
+    ax1.set_xticks(list(x), names)
     ax1.set_ylabel("added latency at c=1 (ms)")
     ax1.legend()
     ax2.bar(names, [results[n].throughput_rps for n in names])
