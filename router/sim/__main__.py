@@ -7,6 +7,7 @@ or trace prints one message (no traceback) and exits with status 2.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -79,8 +80,8 @@ class Experiment:
 
     def run(self, specs: list[RunSpec], what: str) -> list[dict]:
         """Check every policy's options, then run ``specs`` with a progress bar."""
-        for p in {(s.policy, tuple(sorted(s.params.items(), key=str))) for s in specs}:
-            check_policy_params(p[0], dict(p[1]))
+        for policy, params in {(s.policy, json.dumps(s.params, sort_keys=True)) for s in specs}:
+            check_policy_params(policy, json.loads(params))
         bar = tqdm(total=len(specs), desc=what, unit="run")
 
         def tick(result: dict) -> None:
