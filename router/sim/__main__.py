@@ -75,7 +75,8 @@ class Experiment:
             label=label, cluster=self.cluster, policy=policy, params=merged, ceiling=ceiling, seed=seed,
             scale=float(self.cfg.scale), engine=self.raw["engine"], signals=self.raw["signals"],
             mixture=self.raw["mixture"], context_limit_tokens=int(self.cfg.context_limit_tokens),
-            trace_path=self.cfg.trace, keep_timeline=(seed == self.seeds[0]), **kw,
+            trace_path=self.cfg.trace, keep_timeline=(seed == self.seeds[0]),
+            weight_sync_period_s=self.cfg.weight_sync_period_s, **kw,
         )
 
     def run(self, specs: list[RunSpec], what: str) -> list[dict]:

@@ -89,6 +89,7 @@ class RunSpec:
     mixture: dict
     context_limit_tokens: int = 131072
     shift: dict | None = None
+    weight_sync_period_s: float | None = None
     trace_path: str | None = None
     keep_timeline: bool = False
     record_truth: bool = False
@@ -120,6 +121,7 @@ def build_sim_config(spec: RunSpec) -> SimConfig:
     return SimConfig(
         instances=c.instances, engine=engine, cost=cost, mixture=dict(spec.mixture), ceiling=spec.ceiling,
         signals=signals, context_limit_tokens=spec.context_limit_tokens, shift=shift, seed=spec.seed,
+        weight_sync_period_s=spec.weight_sync_period_s,
     )
 
 

@@ -115,3 +115,14 @@ def test_admit_on_an_unknown_instance_is_reported(mini_trace):
                     context_limit_tokens=LIMIT)
     with pytest.raises(SimError, match="unknown instance 'nowhere'"):
         Simulation(cfg, mini_trace, Stray()).run()
+
+
+def test_weight_sync_resets_prefix_caches_and_the_policy_index(mini_trace):
+    cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=8,
+                    context_limit_tokens=LIMIT, horizon_s=200.0)
+    no_sync = Simulation(cfg, mini_trace, make_policy("cache_aware", {"match_from": "prefix_index"})).run().summary
+    cfg_sync = SimConfig(**{**cfg.__dict__, "weight_sync_period_s": 20.0})
+    policy = make_policy("cache_aware", {"match_from": "prefix_index"})
+    with_sync = Simulation(cfg_sync, mini_trace, policy).run().summary
+    assert with_sync["prefix_hit_rate"] < no_sync["prefix_hit_rate"]
