@@ -117,7 +117,7 @@ def test_admit_on_an_unknown_instance_is_reported(mini_trace):
         Simulation(cfg, mini_trace, Stray()).run()
 
 
-def test_weight_sync_resets_prefix_caches_and_the_policy_index(mini_trace):
+def test_weight_sync_resets_lower_the_prefix_hit_rate(mini_trace):
     cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64),
                     cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=8,
                     context_limit_tokens=LIMIT, horizon_s=200.0)
