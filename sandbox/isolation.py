@@ -157,6 +157,10 @@ class IsolationConfig:
         for etc in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime"):
             if Path(etc).exists():
                 argv += ["--ro-bind", etc, etc]
+        # The private /tmp comes before the runtime binds: a runtime that lives under /tmp
+        # (a virtual environment in a checkout there, as CI makes) is bound on top of it
+        # instead of being hidden by it.
+        argv += ["--size", str(self.tmp_size_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
         made: set[str] = set()
         for path in self.runtime_paths:
             # bubblewrap copies the mode of a missing parent (e.g. /root is 0700), which
@@ -168,7 +172,6 @@ class IsolationConfig:
                     made.add(p)
             argv += ["--ro-bind", path, path]
         argv += ["--proc", "/proc", "--dev", "/dev"]
-        argv += ["--size", str(self.tmp_size_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
         argv += ["--bind", str(workspace), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
         argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                  "--unshare-cgroup-try", "--die-with-parent", "--new-session",
