@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts a Python process with Hydra (a few seconds)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

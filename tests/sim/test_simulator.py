@@ -53,6 +53,7 @@ def ladder(mini_trace):
     }
 
 
+@pytest.mark.slow
 def test_cache_aware_prefix_hit_rate_collapses_at_a_high_ceiling(ladder):
     low, high = ladder["cache_aware_low"], ladder["cache_aware_high"]
     assert low["prefix_hit_rate"] > 0.8
@@ -61,10 +62,12 @@ def test_cache_aware_prefix_hit_rate_collapses_at_a_high_ceiling(ladder):
     assert ladder["misa_t"]["prefix_hit_rate"] > high["prefix_hit_rate"] + 0.4
 
 
+@pytest.mark.slow
 def test_misa_t_completes_more_samples_than_session_admission(ladder):
     assert ladder["session_admission"]["samples_per_min"] < ladder["misa_t"]["samples_per_min"]
 
 
+@pytest.mark.slow
 def test_every_released_unit_completes_and_the_mixture_stays_near_the_target(ladder):
     for summary in ladder.values():
         assert summary["units_completed"] == summary["units_released"]
