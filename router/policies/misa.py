@@ -33,16 +33,20 @@ from router.policies.session_admission import SessionAdmissionConfig, SessionAdm
 class MisaConfig(SessionAdmissionConfig):
     """Options of misa: session_admission's, plus per-class footprint priors."""
 
+    class_k_prior_tokens: dict[str, float] = field(default_factory=dict)
+    """Per-class k_b prior (tokens, converted at the engines' block size) before
+    ``k_min_samples`` completed sessions of that class, e.g. ``{agent: 8192}``; classes not
+    listed use the class-agnostic prior. Empty by default: the project does not know a
+    deployment's lengths in advance."""
     class_k_prior_blocks: dict[str, float] = field(default_factory=dict)
-    """Per-class k_b prior (blocks) before ``k_min_samples`` completed sessions of that
-    class, e.g. ``{agent: 512}``; classes not listed use ``k_prior_blocks``. Empty by
-    default: the project does not know a deployment's lengths in advance."""
+    """The same per-class priors in blocks; a class listed here ignores its token prior."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        bad = {b: k for b, k in self.class_k_prior_blocks.items() if not k > 0}
+        bad = {b: k for b, k in {**self.class_k_prior_tokens, **self.class_k_prior_blocks}.items()
+               if not k > 0}
         if bad:
-            raise ValueError(f"class_k_prior_blocks must be > 0 blocks, got {bad}")
+            raise ValueError(f"class_k_prior_tokens / class_k_prior_blocks must be > 0, got {bad}")
 
 
 class MisaPolicy(SessionAdmissionPolicy):
@@ -57,7 +61,12 @@ class MisaPolicy(SessionAdmissionPolicy):
     def class_reference_blocks(self, workload_class: str) -> float:
         """k_b: conservative KV footprint of a class-b session, in blocks (section 4.2)."""
         cfg, ledger = self.config, self.ledger
-        prior = cfg.class_k_prior_blocks.get(workload_class, cfg.k_prior_blocks)
+        if workload_class in cfg.class_k_prior_blocks:
+            prior = float(cfg.class_k_prior_blocks[workload_class])
+        elif workload_class in cfg.class_k_prior_tokens:
+            prior = self._prior_blocks(None, cfg.class_k_prior_tokens[workload_class])
+        else:
+            prior = self._prior_blocks(cfg.k_prior_blocks, cfg.k_prior_tokens)
         history = ledger.blocks_history.get(workload_class)
         return self._k_blocks(history, ledger.protected_mean_blocks(workload_class), prior)
 

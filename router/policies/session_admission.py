@@ -104,9 +104,12 @@ class SessionAdmissionConfig:
     engine this project runs (vLLM on CPU with 2 GiB KV = 364 blocks), so caps start low."""
     block_size_fallback_tokens: int = 16
     """Tokens per KV block until an instance reports its block size (vLLM's GPU default)."""
-    k_prior_blocks: float = 64.0
-    """k_ref before ``k_min_samples`` sessions completed: 1,024 tokens at block size 16,
-    longer than a typical single-turn RLVR/RLHF sample, so early caps err low."""
+    k_prior_tokens: float = 1024.0
+    """k_ref before ``k_min_samples`` sessions completed, in tokens (converted at the
+    engines' block size): longer than a typical single-turn RLVR/RLHF sample, so early
+    caps err low whatever the block size (16 on GPU, 128 on CPU)."""
+    k_prior_blocks: float | None = None
+    """The same prior given in blocks; when set it replaces ``k_prior_tokens``."""
     k_window_sessions: int = 256
     """Moving window of completed sessions (per class for MISA): long enough for a stable
     p90, short enough to follow length drift within a few hundred sessions."""
@@ -170,7 +173,7 @@ class SessionAdmissionConfig:
             "recheck_min_s must be > 0 and <= recheck_max_s": 0 < self.recheck_min_s <= self.recheck_max_s,
         }
         positive = (
-            "fallback_num_blocks", "block_size_fallback_tokens", "k_prior_blocks", "k_window_sessions",
+            "fallback_num_blocks", "block_size_fallback_tokens", "k_prior_tokens", "k_window_sessions",
             "metrics_stale_s", "window_s", "reference_windows", "min_reference_windows", "pressure_gap",
             "confirm_windows", "recovery_step", "idle_timeout_s", "no_healthy_recheck_s", "long_hold_s",
             "held_forget_s", "prefill_tokens_per_s_prior", "prefill_rate_windows", "prompt_tokens_prior",
@@ -178,6 +181,7 @@ class SessionAdmissionConfig:
         )  # fmt: skip
         for name in positive:
             checks[f"{name} must be > 0"] = getattr(self, name) > 0
+        checks["k_prior_blocks must be > 0 (or null)"] = self.k_prior_blocks is None or self.k_prior_blocks > 0
         checks["k_min_samples must be >= 1"] = self.k_min_samples >= 1
         checks["min_window_queries_tokens must be >= 0"] = self.min_window_queries_tokens >= 0
         bad = [msg for msg, ok in checks.items() if not ok]
@@ -362,7 +366,16 @@ class SessionAdmissionPolicy:
     def reference_blocks(self) -> float:
         """k_ref: class-agnostic conservative session footprint in KV blocks (section 4.1)."""
         ledger = self.ledger
-        return self._k_blocks(ledger.blocks_history_all, ledger.protected_mean_blocks_all(), self.config.k_prior_blocks)
+        return self._k_blocks(ledger.blocks_history_all, ledger.protected_mean_blocks_all(),
+                              self._prior_blocks(self.config.k_prior_blocks, self.config.k_prior_tokens))
+
+    def _prior_blocks(self, blocks: float | None, tokens: float) -> float:
+        """A footprint prior in blocks: ``blocks`` when given, else ``tokens`` at the block
+        size the instances report (the largest, so the prior stays conservative)."""
+        if blocks is not None:
+            return float(blocks)
+        sizes = [m.block_size for m in self.metrics.values() if m is not None and m.block_size]
+        return math.ceil(tokens / (max(sizes) if sizes else self.config.block_size_fallback_tokens))
 
     def _fresh(self, view: InstanceView) -> bool:
         return view.metrics is not None and view.metrics_age_s is not None and view.metrics_age_s <= self.config.metrics_stale_s
