@@ -17,7 +17,7 @@ from typing import Any
 
 from agents.chat import ChatRenderer, Trajectory
 from agents.envs.task import Task, evaluate
-from agents.model_client import ModelCallError, ModelClient, SessionHeaders
+from rollout.client import ModelCallError, ModelClient, SessionHeaders
 from agents.toolcall import ToolCallFormat, parse_tool_calls
 from agents.tools import TOOL_SPECS, Observation, Toolbox
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, Tokenizer
 from agents.envs.task import Task, TaskError, load_tasks
 from agents.loop import DEFAULT_SYSTEM_PROMPT, EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode
-from agents.model_client import ModelClient, SessionHeaders
+from rollout.client import ModelClient, SessionHeaders
 from agents.toolcall import ToolCallFormat
 from sandbox import IsolationConfig, Limits, SandboxError
 

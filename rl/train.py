@@ -82,7 +82,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from transformers import AutoTokenizer
 
     from agents.client import AgentServerClient
-    from agents.model_client import ModelClient
+    from rollout.client import ModelClient
     from rl.data.agent_tasks import AgentTaskSource
     from rl.learner import Learner, learner_config
     from rl.mixture import MixtureLedger
@@ -170,6 +170,7 @@ def main(cfg: DictConfig) -> None:
     console.print(f"run folder: {run_dir}")
     if cfg.engine.kind == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed on CPU (gloo)
+    os.environ.setdefault("WANDB_SILENT", "true")  # the progress bar and summary say enough
     with ServingStack(cfg, run_dir) as stack:
         console.print(f"engines up in {stack.timings_s.get('engines_s', 0):.0f} s: "
                       f"{stack.engines.urls}; router ({cfg.router.get('impl', 'ours')}) at "

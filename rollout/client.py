@@ -1,12 +1,23 @@
-"""The rollout workers' client for model calls through the router (DESIGN.md step 3).
+"""Model calls through the router (DESIGN.md step 3), with the session headers.
 
 Every call carries the request metadata of DESIGN.md as HTTP headers (``X-Session-Id``,
 ``X-Workload-Class``, ``X-Group-Id``, ``X-Rollout-Unit``, ``X-Session-End``), so the
 router can count sessions, classes and groups; the body is a plain OpenAI request.
+
+Two clients:
+
+- ``ModelClient``: ``/v1/completions`` with the prompt as token ids and the completion's
+  token ids and log-probs back. Rollouts use it (agent episodes and single-turn units):
+  the prompt is rendered by us, and vLLM returns the completion's token ids
+  (``return_token_ids``) and each sampled token's log-prob (``logprobs: 0``), so the
+  trajectory the trainer sees is exactly what was sampled. Chat completions would
+  re-render and re-tokenize the history server-side on every turn.
+- ``RolloutClient``: chat or text completions for evaluation, where only the text counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,23 +30,23 @@ class ClientError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SessionTag:
-    """Who a model call belongs to (DESIGN.md, "Request metadata").
+class SessionHeaders:
+    """Identity of one episode for the router (DESIGN.md "Request metadata").
 
     Attributes:
-        session_id: one agent trajectory, or one single-turn sample.
-        workload_class: ``agent``, ``rlvr``, ``rlhf`` (or a recipe's own class).
-        group_id: GRPO group of sibling units from one prompt, or None.
-        unit_id: trainer-counted rollout unit id, or None (= session id).
+        session_id: X-Session-Id, one per episode.
+        workload_class: X-Workload-Class (``agent``, ``rlvr``, ``rlhf``, ...).
+        group_id: X-Group-Id (GRPO group of the rollout unit), or None.
+        unit_id: X-Rollout-Unit (trainer-counted unit id), or None.
     """
 
     session_id: str
-    workload_class: str
+    workload_class: str = "default"
     group_id: str | None = None
     unit_id: str | None = None
 
-    def headers(self, session_end: bool = False) -> dict[str, str]:
-        """The metadata headers for one call; ``session_end`` marks the session's last call."""
+    def headers(self, session_end: bool) -> dict[str, str]:
+        """HTTP headers of one call; ``session_end`` marks the episode's last call."""
         h = {"X-Session-Id": self.session_id, "X-Workload-Class": self.workload_class}
         if self.group_id is not None:
             h["X-Group-Id"] = self.group_id
@@ -86,7 +97,7 @@ class RolloutClient:
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=max_connections))
 
-    async def chat(self, messages: list[dict], tag: SessionTag, *, session_end: bool = False,
+    async def chat(self, messages: list[dict], tag: SessionHeaders, *, session_end: bool = False,
                    **params: Any) -> Completion:
         """POST /v1/chat/completions; ``params`` go into the body (max_tokens, temperature, ...).
 
@@ -97,14 +108,14 @@ class RolloutClient:
         return await self._post("/v1/chat/completions", body, tag, session_end,
                                 lambda c: (c.get("message") or {}).get("content") or "")
 
-    async def complete(self, prompt: str | list[int], tag: SessionTag, *,
+    async def complete(self, prompt: str | list[int], tag: SessionHeaders, *,
                        session_end: bool = False, **params: Any) -> Completion:
         """POST /v1/completions with a text or token-id prompt (see ``chat``)."""
         body = {"model": self.model, "prompt": prompt, **params}
         return await self._post("/v1/completions", body, tag, session_end,
                                 lambda c: c.get("text") or "")
 
-    async def _post(self, path: str, body: dict, tag: SessionTag, session_end: bool,
+    async def _post(self, path: str, body: dict, tag: SessionHeaders, session_end: bool,
                     text_of) -> Completion:
         t0 = time.monotonic()
         try:
@@ -132,3 +143,99 @@ class RolloutClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+class ModelCallError(RuntimeError):
+    """The model endpoint failed after retries; the episode ends with status model_error."""
+
+
+@dataclass(frozen=True)
+class TokenCompletion:
+    """One model turn as the engine returned it.
+
+    Attributes:
+        token_ids: generated token ids (end token included when the model produced it).
+        logprobs: log-prob of each generated token; None entries where the engine gave none.
+        finish_reason: ``stop`` or ``length``.
+        model_s: wall-clock seconds of the HTTP call (router hold time included).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    finish_reason: str
+    model_s: float
+
+
+def _token_ids_of(choice: dict[str, Any]) -> list[int] | None:
+    if choice.get("token_ids") is not None:
+        return [int(t) for t in choice["token_ids"]]
+    tokens = (choice.get("logprobs") or {}).get("tokens") or []
+    if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    return None
+
+
+class ModelClient:
+    """Sends completion calls for episodes (one client shared by all episodes).
+
+    Args:
+        http: the shared async HTTP client (connection pool).
+        base_url: the router's (or an engine's) URL, without ``/v1``.
+        model: the ``model`` field of each request.
+        sampling: extra request fields (temperature, top_p, seed, ...).
+        timeout_s: per-call timeout (the router may hold a request for a while).
+        retries: further attempts after a connection error or a 5xx answer.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, base_url: str, model: str,
+                 sampling: dict[str, Any] | None = None, timeout_s: float = 600.0,
+                 retries: int = 2) -> None:
+        self.http = http
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model = model
+        self.sampling = dict(sampling or {})
+        self.timeout_s = timeout_s
+        self.retries = retries
+
+    async def complete(self, prompt_ids: list[int], max_tokens: int, stop_token_id: int,
+                       session: SessionHeaders, session_end: bool) -> TokenCompletion:
+        """One model turn on ``prompt_ids``.
+
+        Raises:
+            ModelCallError: the endpoint failed ``retries + 1`` times, answered 4xx, or
+                returned no token ids.
+        """
+        body = {**self.sampling, "model": self.model, "prompt": prompt_ids,
+                "max_tokens": max_tokens, "logprobs": 0, "return_token_ids": True,
+                "return_tokens_as_token_ids": True, "stop_token_ids": [stop_token_id],
+                "skip_special_tokens": False}
+        headers = session.headers(session_end)
+        last_error = ""
+        started = time.monotonic()
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self.http.post(self.url, json=body, headers=headers, timeout=self.timeout_s)
+            except httpx.HTTPError as e:
+                last_error = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code < 400:
+                    return self._parse(resp.json(), time.monotonic() - started)
+                last_error = f"HTTP {resp.status_code}: {resp.text[:500]}"
+                if resp.status_code < 500:
+                    break
+            await asyncio.sleep(min(2.0**attempt * 0.5, 5.0))
+        raise ModelCallError(f"model call to {self.url} failed: {last_error}")
+
+    def _parse(self, data: dict[str, Any], model_s: float) -> TokenCompletion:
+        try:
+            choice = data["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise ModelCallError(f"completion response has no choices: {str(data)[:300]}") from None
+        ids = _token_ids_of(choice)
+        if ids is None:
+            raise ModelCallError("the engine returned no token ids; it must support vLLM's "
+                                 "return_token_ids (vLLM >= 0.10) or return_tokens_as_token_ids.")
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        logprobs = [float(x) if x is not None else None for x in lps[:len(ids)]]
+        logprobs += [None] * (len(ids) - len(logprobs))
+        return TokenCompletion(ids, logprobs, choice.get("finish_reason") or "stop", model_s)

@@ -13,7 +13,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from rollout.client import RolloutClient, SessionTag
+from rollout.client import RolloutClient, SessionHeaders
 
 PASS, FAIL, ERROR = "pass", "fail", "error"
 """The three outcomes of one sample."""
@@ -157,7 +157,7 @@ async def draw_chat(ctx: SampleContext, key: str, messages: list[dict[str, str]]
     Raises:
         rollout.client.ClientError: the call failed (the caller records an ``error``).
     """
-    tag = SessionTag(session_id=f"{ctx.run_id}/{key}", workload_class=workload_class)
+    tag = SessionHeaders(session_id=f"{ctx.run_id}/{key}", workload_class=workload_class)
     completion = await ctx.client.chat(
         messages, tag, session_end=True, max_tokens=ctx.max_tokens,
         temperature=ctx.temperature, top_p=ctx.top_p, seed=sample_seed(ctx.seed, key))

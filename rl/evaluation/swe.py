@@ -36,7 +36,7 @@ import httpx
 from agents.chat import ChatFormat, ChatRenderer, Tokenizer
 from agents.envs.task import Task, TaskError, TestReport, evaluate
 from agents.loop import EpisodeConfig, run_episode
-from agents.model_client import ModelClient, SessionHeaders
+from rollout.client import ModelClient, SessionHeaders
 from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
                                 SampleResult, sample_key, sample_seed)
 from sandbox import Limits, SandboxError, Workspace

@@ -9,7 +9,7 @@ import pytest
 from agents.chat import ByteTokenizer, ChatRenderer
 from agents.client import AgentClientError, AgentServerClient, launch_agent_server
 from agents.loop import EpisodeConfig, EpisodeLimits, run_episode
-from agents.model_client import ModelClient, SessionHeaders
+from rollout.client import ModelClient, SessionHeaders
 from agents.scripted import SCRIPTED_LOGPROB, ScriptedServer, tool_call
 from rollout.process import free_port
 
@@ -105,7 +105,7 @@ async def run_scripted(policy, task, limits: EpisodeLimits, url: str | None = No
     try:
         async with httpx.AsyncClient() as http:
             client = ModelClient(http, url or server.url, "scripted", retries=0)
-            result = await run_episode(task, SessionHeaders("s-inline", group_id="g", unit_id="u"),
+            result = await run_episode(task, SessionHeaders("s-inline", "agent", group_id="g", unit_id="u"),
                                        client, ChatRenderer(ByteTokenizer()),
                                        EpisodeConfig(limits=limits))
     finally:
