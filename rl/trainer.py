@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rl.grpo import AsyncLimits, group_advantages
 from rl.mixture import MixtureLedger
-from rl.sampler import MixtureSampler, RolloutUnit
+from rl.sampler import MixtureSampler, RolloutUnit, largest_deficit
 from router.signals import parse_engine_metrics
 from rollout.workers import UnitResult
 
@@ -59,6 +59,7 @@ class IterationStats:
     units: list[UnitResult] = field(default_factory=list)
     dropped_stale: int = 0
     dropped_failed: int = 0
+    zero_advantage: int = 0
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Trainer:
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
         self.totals = {"units": 0, "requests": 0}
+        self.outstanding_groups = 0  # released groups not yet trained on or dropped
 
     # ------------------------------------------------------------------ loop
 
@@ -147,7 +149,7 @@ class Trainer:
         try:
             while self.learner.version < self.iterations or update is not None:
                 if self.learner.version + (update is not None) < self.iterations:
-                    self._release(in_flight)
+                    self._release(in_flight, updating=update is not None)
                 waits = set(in_flight) | ({update} if update else set())
                 if not waits:
                     raise TrainerError("nothing in flight and no update running: raise "
@@ -177,17 +179,33 @@ class Trainer:
                 await asyncio.gather(*in_flight, return_exceptions=True)
         return self.history
 
-    def _release(self, in_flight: dict[asyncio.Task, RolloutUnit]) -> None:
+    def _release(self, in_flight: dict[asyncio.Task, RolloutUnit], updating: bool) -> None:
         # In flight = released and not yet trained on or dropped (the ledger's count): units
         # that finished and wait in a group for the next step count too, so generation
-        # cannot run further ahead of training than max_in_flight units.
+        # cannot run further ahead of training than max_in_flight units. And no more groups
+        # are out than the next max_staleness + 1 steps can train on: a group released
+        # beyond that would only go stale and be dropped.
+        # A group released now is stamped with the current version v; the k-th group queued
+        # behind the outstanding ones is trained at version v + updating + k // G_step,
+        # which must stay <= v + max_staleness.
         free = self.limits.free_slots(self.ledger.in_flight())
-        for unit in self.sampler.release(free, self.learner.version):
-            if unit.workload_class not in self.workers:
-                raise TrainerError(f"no rollout worker for workload class {unit.workload_class!r}; "
-                                   f"set its rho weight to 0 or configure one ({sorted(self.workers)})")
-            self.ledger.record_released(unit.unit_id, unit.workload_class)
-            in_flight[asyncio.ensure_future(self.workers[unit.workload_class](unit))] = unit
+        steps_ahead = self.limits.max_staleness + 1 - int(updating)
+        group_budget = steps_ahead * self.groups_per_step - self.outstanding_groups
+        while group_budget > 0:
+            next_class = largest_deficit(self.sampler.rho, self.sampler.released_units)
+            if self.sampler.classes[next_class].group_size > free:
+                break
+            units = self.sampler.next_group(self.learner.version)
+            free -= len(units)
+            group_budget -= 1
+            self.outstanding_groups += 1
+            for unit in units:
+                if unit.workload_class not in self.workers:
+                    raise TrainerError(
+                        f"no rollout worker for workload class {unit.workload_class!r}; set its "
+                        f"rho weight to 0 or configure one ({sorted(self.workers)})")
+                self.ledger.record_released(unit.unit_id, unit.workload_class)
+                in_flight[asyncio.ensure_future(self.workers[unit.workload_class](unit))] = unit
 
     def _collect(self, res: UnitResult, unit: RolloutUnit, groups, ready, it: IterationStats) -> None:
         self.totals["requests"] += res.num_requests
@@ -204,12 +222,14 @@ class Trainer:
         for r in group:
             self.ledger.record_dropped(r.unit.unit_id)
             it.dropped_stale += 1
+        self.outstanding_groups -= 1
         return False
 
     async def _update(self, batch: list[list[UnitResult]], it: IterationStats) -> dict:
         """Advantages, one learner step, weight sync; returns the step's figures."""
         samples, used, rewards_by_class = [], [], defaultdict(list)
         t0 = time.monotonic()
+        self.outstanding_groups -= len(batch)
         for group in batch:
             ok = [r for r in group if r.ok]
             for r in group:
@@ -225,10 +245,15 @@ class Trainer:
             adv = group_advantages([r.reward for r in ok], [r.unit.group_id for r in ok],
                                    scale_by_std=bool(self.tcfg.loss.scale_adv_by_std))
             for r, a in zip(ok, adv.tolist()):
+                self.ledger.record_completed(r.unit.unit_id)
+                if a == 0.0:
+                    # All rewards of the group equal: no gradient signal, so no forward
+                    # and backward pass is spent on it (it still counts as consumed).
+                    it.zero_advantage += 1
+                    continue
                 samples.append(r.train_sample(a))
                 used.append(r)
-                self.ledger.record_completed(r.unit.unit_id)
-        staleness = [self.learner.version - r.unit.policy_version for r in used]
+        staleness = [self.learner.version - r.unit.policy_version for g in batch for r in g if r.ok]
         step: dict[str, Any] = {}
         if samples:
             step = await asyncio.to_thread(self.learner.step, samples)
@@ -259,7 +284,7 @@ class Trainer:
             "iteration_s": iter_s,
             "generation_wait_s": it.wait_s,
             "update_s": upd["update_s"],
-            "sync_s": upd["sync"].get("sync_total_s", 0.0) if upd["sync"] else 0.0,
+            "sync_s": upd["sync"].get("weight_sync/total_s", 0.0),
             "samples_per_min": len(finished) / iter_s * 60,
             "requests_per_min": sum(r.num_requests for r in it.units) / iter_s * 60,
             **now.rates(before),
@@ -271,6 +296,7 @@ class Trainer:
             "dropped": snap.get("dropped"),
             "dropped_stale": it.dropped_stale,
             "dropped_failed": it.dropped_failed,
+            "zero_advantage_units": it.zero_advantage,
             "reward_by_class": upd["reward_by_class"],
             "trained_units": upd["trained_units"],
             "staleness_mean": upd["staleness_mean"],

@@ -50,6 +50,18 @@ class FakeLearner:
         return state["extra"]
 
 
+class SlowLearner(FakeLearner):
+    def __init__(self, step_s):
+        super().__init__()
+        self.step_s = step_s
+
+    def step(self, samples):
+        import time
+
+        time.sleep(self.step_s)  # runs in a worker thread, as the real learner does
+        return super().step(samples)
+
+
 def tcfg(**kw):
     base = {"max_in_flight": 16, "max_staleness": 1, "groups_per_step": 2, "iterations": 3,
             "sync_every": 1, "checkpoint_every": 1, "loss": {"scale_adv_by_std": True}}
@@ -86,7 +98,7 @@ class FakeSync:
 
         class Report:
             def as_metrics(self):
-                return {"sync_total_s": 0.01}
+                return {"weight_sync/total_s": 0.01}
 
         return Report()
 
@@ -115,16 +127,18 @@ def test_loop_takes_the_configured_steps_and_logs_each(tmp_path):
                 "requests_per_min", "consumed_mixture", "tv_distance", "backlog", "loss/loss"):
         assert key in m
     assert sync.versions == [1, 2, 3]
+    assert m["sync_s"] == 0.01
     assert (tmp_path / "checkpoint" / "state.json").exists()
 
 
 def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_path):
     t = trainer(tmp_path, tcfg(iterations=4))
-    asyncio.run(t.run())
+    history = asyncio.run(t.run())
     assert books_balance(t.ledger)
-    # The loop cancels what is still in flight at the end; the ledger still holds them.
+    # Completed = trained on + consumed without signal (equal rewards in the group).
     s = t.ledger.snapshot()
-    assert sum(s["completed"].values()) == sum(len(b) for b in t.learner.trained)
+    assert sum(s["completed"].values()) == (sum(len(b) for b in t.learner.trained)
+                                            + sum(h["zero_advantage_units"] for h in history))
 
 
 def test_consumed_mixture_follows_the_target(tmp_path):
@@ -134,15 +148,24 @@ def test_consumed_mixture_follows_the_target(tmp_path):
 
 
 def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
-    slow = make_worker(delay_s=0.05)
-    fast = make_worker()
-    cfg = tcfg(max_staleness=0, iterations=3, groups_per_step=1)
-    learner = FakeLearner()
-    t = trainer(tmp_path, cfg, workers={"agent": slow, "rlvr": fast, "rlhf": fast}, learner=learner)
+    # Slow agent groups are overtaken by groups released after them; by the time they
+    # finish the trainer has moved more than max_staleness versions on.
+    slow, fast = make_worker(delay_s=0.3), make_worker()
+    t = trainer(tmp_path, tcfg(max_staleness=1, iterations=6, groups_per_step=1),
+                workers={"agent": slow, "rlvr": fast, "rlhf": fast})
     history = asyncio.run(t.run())
     assert sum(h["dropped_stale"] for h in history) > 0
-    assert all(h["staleness_mean"] == 0.0 for h in history)
+    assert all(h["staleness_mean"] <= 1.0 for h in history)
     assert books_balance(t.ledger)
+
+
+def test_release_stops_at_what_the_staleness_window_can_train(tmp_path):
+    t = trainer(tmp_path, tcfg(max_staleness=1, groups_per_step=2, max_in_flight=1000, iterations=5))
+    history = asyncio.run(t.run())
+    released = sum(t.ledger.released_units.values())
+    # At most (max_staleness + 1) * groups_per_step groups beyond those trained on.
+    assert released <= sum(h["trained_units"] + h["zero_advantage_units"] for h in history) + 4 * 4
+    assert sum(h["dropped_stale"] for h in history) == 0
 
 
 def test_failed_units_are_dropped_and_never_trained(tmp_path):
@@ -153,6 +176,7 @@ def test_failed_units_are_dropped_and_never_trained(tmp_path):
     assert sum(h["dropped_failed"] for h in history) > 0
     trained = [s for batch in learner.trained for s in batch]
     assert trained and len(trained) == sum(h["trained_units"] for h in history)
+    assert all(s.advantage != 0.0 for s in trained)  # equal-reward groups carry no signal
     assert books_balance(t.ledger)
 
 
