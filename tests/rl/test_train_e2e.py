@@ -1,0 +1,48 @@
+"""One short real run of the main job: real engine, router, agent server, reward server,
+learner and weight sync, from the command line (``python -m rl.train``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rl.config import REPO_ROOT
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def _leftover_processes(run_dir) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(run_dir) in line and "ps -eo" not in line]
+
+
+def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "rl.train", "recipe=mixed_step", "router=misa-t",
+            f"run_dir={run_dir}", "engine.num_engines=1", "engine.kv_cache_space_gib=0.25",
+            "trainer.iterations=1", "trainer.groups_per_step=3", "trainer.max_in_flight=12",
+            "trainer.group_size.agent=2", "trainer.group_size.rlvr=2", "trainer.group_size.rlhf=2",
+            "trainer.rho.agent=1", "trainer.rho.rlvr=1", "trainer.rho.rlhf=1",
+            "trainer.max_tokens.rlvr=32", "trainer.max_tokens.rlhf=32",
+            "trainer.agent_limits.max_turns=2", "trainer.agent_limits.max_tokens_per_turn=32"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=REPO_ROOT,
+                       env={**__import__("os").environ, "WANDB_MODE": "offline"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    m = json.loads(lines[0])
+    assert m["iteration"] == 1
+    for key in ("samples_per_min", "requests_per_min", "prefix_hit_rate", "decode_tok_s",
+                "consumed_mixture", "tv_distance", "backlog", "sync_s", "update_s"):
+        assert key in m, key
+    assert m["sync_s"] > 0  # the new weights went into the running engine
+    assert sum(m["completed"].values()) >= 6  # three groups of two
+    assert (run_dir / "checkpoint").is_dir()
+    assert (run_dir / "plots" / "mixture.png").exists()
+    for log in ("engine-0.log", "router.log", "agent_server.log", "reward_server.log"):
+        assert (run_dir / "logs" / log).exists(), log
+    assert "samples/min" in r.stdout
+    assert _leftover_processes(run_dir) == []
