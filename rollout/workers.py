@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from agents.client import AgentClientError, AgentServerClient
-from agents.model_client import ModelCallError, ModelClient, SessionHeaders
+from rollout.client import ModelCallError, ModelClient, SessionHeaders
 from rl.grpo import TrainSample
 from rl.sampler import RolloutUnit
 
