@@ -212,6 +212,15 @@ class _EventBatch(msgspec.Struct, array_like=True, gc=False):
 _batch_decoder = msgspec.msgpack.Decoder(_EventBatch)
 
 
+def decode_kv_events(payload: bytes) -> list:
+    """The events of one vLLM KV-event message (its third ZMQ frame), in order.
+
+    Raises:
+        msgspec.DecodeError / msgspec.ValidationError: not a vLLM KV event batch.
+    """
+    return _batch_decoder.decode(payload).events
+
+
 class KvHashTranslator:
     """Per instance, vLLM block hash -> the project's block hash; emits policy events.
 
@@ -333,7 +342,7 @@ class KvEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big", signed=True)
         try:
-            batch = _batch_decoder.decode(frames[2])
+            events = decode_kv_events(frames[2])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._log.warn(instance, "kv-decode", f"undecodable KV event batch dropped ({exc})")
             return
@@ -345,10 +354,10 @@ class KvEventSubscriber:
             self.translator.clear(instance)
             self.sink(AllBlocksCleared(instance, now))
         counts: dict[str, int] = {}
-        for ev in batch.events:
+        for ev in events:
             kind = type(ev).__name__.lstrip("_")
             counts[kind] = counts.get(kind, 0) + 1
-        for event in self.translator.translate(instance, batch.events, now):
+        for event in self.translator.translate(instance, events, now):
             self.sink(event)
         self.last_event_s[instance] = now
         if self.on_event_batch is not None:
