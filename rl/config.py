@@ -66,7 +66,8 @@ def _hydra_flags_removed(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _group_options(group: str) -> list[str]:
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (the yaml files in recipes/<group>/)."""
     d = RECIPES_DIR / group
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
@@ -123,9 +124,9 @@ def _is_group(key: str) -> bool:
 def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
-        if _is_group(key) and value not in _group_options(key):
+        if _is_group(key) and value not in group_options(key):
             return (f"{key}={value}: no such {key}. Valid options for {key}: "
-                    f"{', '.join(_group_options(key))}.")
+                    f"{', '.join(group_options(key))}.")
     return f"{e}"
 
 
