@@ -45,11 +45,14 @@ def run(trace, policy: str, ceiling: int, params: dict | None = None, num_blocks
 @pytest.fixture(scope="module")
 def ladder(mini_trace):
     cache = {"match_from": "prefix_index"}
+    # Agent sessions here hold 9K-24K tokens: a footprint prior of 4,096 tokens (64 blocks
+    # of 64) keeps the first admissions from flooding the cache before sessions complete.
+    admission = {"k_prior_tokens": 4096}
     return {
         "cache_aware_low": run(mini_trace, "cache_aware", 8, cache),
         "cache_aware_high": run(mini_trace, "cache_aware", 48, cache),
-        "session_admission": run(mini_trace, "session_admission", 48),
-        "misa_t": run(mini_trace, "misa_t", 48),
+        "session_admission": run(mini_trace, "session_admission", 48, admission),
+        "misa_t": run(mini_trace, "misa_t", 48, admission),
     }
 
 
