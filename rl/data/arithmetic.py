@@ -14,6 +14,8 @@ Levels:
 
 from __future__ import annotations
 
+import zlib
+
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -95,6 +97,9 @@ class ArithmeticSource:
 
     levels: Sequence[int] = (1, 2, 3, 4, 5)
     name: str = "arithmetic"
+    split: str = "train"
+    """``train`` never draws a held-out problem (see ``is_heldout_arithmetic``),
+    ``heldout`` draws only those (evaluation), ``all`` both."""
 
     def __post_init__(self) -> None:
         self.levels = tuple(int(x) for x in self.levels)
@@ -102,12 +107,26 @@ class ArithmeticSource:
         if not self.levels or bad:
             raise DataError(f"arithmetic levels must be a non-empty list of 1..{MAX_LEVEL}, "
                             f"got {list(self.levels)}")
+        if self.split not in ("train", "heldout", "all"):
+            raise DataError(f"arithmetic split {self.split!r}: choose train, heldout or all")
 
     def draw(self, rng: np.random.Generator) -> Prompt:
         """One problem; ``reference`` is the integer answer as text."""
-        level = self.levels[int(rng.integers(len(self.levels)))]
-        text, answer = _LEVELS[level](rng)
-        key = int(rng.integers(2**62))  # id from the draw, stable for the same rng state
-        return Prompt(prompt_id=f"{self.name}/L{level}/{key:016x}", domain=self.name,
-                      messages=user_prompt(f"{text} {ANSWER_FORMAT}"),
-                      reference=str(answer), metadata={"difficulty": level})
+        while True:
+            level = self.levels[int(rng.integers(len(self.levels)))]
+            text, answer = _LEVELS[level](rng)
+            key = int(rng.integers(2**62))  # id from the draw, stable for the same rng state
+            question = f"{text} {ANSWER_FORMAT}"
+            if self.split == "all" or is_heldout_arithmetic(question) == (self.split == "heldout"):
+                return Prompt(prompt_id=f"{self.name}/L{level}/{key:016x}", domain=self.name,
+                              messages=user_prompt(question), reference=str(answer),
+                              metadata={"difficulty": level})
+
+
+HOLDOUT_BUCKETS = 10
+
+
+def is_heldout_arithmetic(question: str, holdout_buckets: int = HOLDOUT_BUCKETS) -> bool:
+    """True when ``question`` (the prompt's user text) is in the held-out bucket: 1 in
+    ``holdout_buckets`` of all problems, by a hash of the text, never drawn for training."""
+    return zlib.crc32(question.encode()) % holdout_buckets == 0

@@ -7,29 +7,23 @@ Each sample is one chat completion; it passes when math-verify finds its answer
 Held-out arithmetic: the generator (``rl.data.arithmetic``) draws from a small space (162
 distinct level-1 problems), so "a different seed" is not held out. Problems are instead
 split by a hash of their question text: bucket ``crc32(text) % holdout_buckets == 0`` is
-the evaluation split (``is_heldout_arithmetic``), the same in every run. The training
-sampler must skip that bucket for the split to be truly unseen.
+the evaluation split (``rl.data.arithmetic.is_heldout_arithmetic``), the same in every run;
+the training source (``ArithmeticSource(split="train")``) never draws from it.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rl.data.arithmetic import ArithmeticSource
+from rl.data.arithmetic import HOLDOUT_BUCKETS, ArithmeticSource, is_heldout_arithmetic
 from rl.data.base import DataError, Prompt
 from rl.data.gsm8k import GSM8KSource
 from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
                                 SampleResult, draw_chat, sample_key)
 from rollout.client import ClientError
-
-
-def is_heldout_arithmetic(question: str, holdout_buckets: int) -> bool:
-    """True when ``question`` (the prompt's user text) falls in the held-out bucket."""
-    return zlib.crc32(question.encode()) % holdout_buckets == 0
 
 
 @dataclass
@@ -115,7 +109,8 @@ def arithmetic_heldout_benchmark(num_problems: int, seed: int = 0, levels=(1, 2,
             the levels asked for.
     """
     try:
-        source = ArithmeticSource(levels=levels, name="arithmetic")
+        source = ArithmeticSource(levels=levels, name="arithmetic",
+                                  split="heldout" if holdout_buckets == HOLDOUT_BUCKETS else "all")
     except DataError as e:
         raise EvalError(f"arithmetic benchmark: {e}") from None
     rng = np.random.default_rng(seed)

@@ -173,3 +173,15 @@ def test_rlhf_scorer_choice_from_recipe_options():
     r = rewards_from_config({"rlhf_scorer": "http", "server": srv}, "unused",
                             run_tests=lambda prog, tests: True)
     assert set(r.scorers) == {"arithmetic", "gsm8k", "instructions", "code"}
+
+
+def test_training_arithmetic_never_draws_a_held_out_problem():
+    import numpy as np
+
+    from rl.data.arithmetic import ArithmeticSource, is_heldout_arithmetic
+
+    rng = np.random.default_rng(0)
+    train = [ArithmeticSource().draw(rng).messages[-1]["content"] for _ in range(400)]
+    held = [ArithmeticSource(split="heldout").draw(rng).messages[-1]["content"] for _ in range(40)]
+    assert not any(is_heldout_arithmetic(q) for q in train)
+    assert all(is_heldout_arithmetic(q) for q in held)
