@@ -138,8 +138,21 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
             f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  "
             f"hit {hit:.0%}  TV {m['tv_distance']:.3f}" if hit is not None else ""))
 
+    async def evaluate(version: int) -> dict[str, float]:
+        from rl.evaluation import EvalSettings, arithmetic_heldout_benchmark, evaluate_async
+
+        ec = tcfg.eval
+        res = await evaluate_async(
+            [arithmetic_heldout_benchmark(int(ec.problems), seed=int(cfg.seed))], stack.router_url,
+            name, EvalSettings(n=int(ec.n), ks=tuple(int(k) for k in ec.ks),
+                               max_tokens=int(ec.max_tokens), seed=int(cfg.seed),
+                               run_id=f"{run_dir.name}-eval-v{version}"),
+            out_dir=run_dir / "eval" / f"v{version}", progress=False)
+        return {f"eval/{bench}/{metric}": v["mean"] for bench, r in res.items()
+                for metric, v in r["metrics"].items()}
+
     trainer = Trainer(tcfg, sampler, ledger, learner, workers, stack.engines.urls,
-                      stack.router_url if ours else None, sync, run_dir, log=log)
+                      stack.router_url if ours else None, sync, run_dir, log=log, evaluate=evaluate)
     if trainer.resume():
         console.print(f"resumed from {run_dir / 'checkpoint'} at iteration {learner.version}")
         progress.update(bar, completed=learner.version)

@@ -109,12 +109,14 @@ class Trainer:
             or None to skip syncing.
         run_dir: the run folder (metrics.jsonl, checkpoint/).
         log: callback taking one iteration's metrics dict (wandb, progress bar).
+        evaluate: optional ``async evaluate(version) -> {name: value}`` run every
+            ``eval_every`` steps through the same stack (pass@k), merged into the metrics.
     """
 
     def __init__(self, tcfg: DictConfig, sampler: MixtureSampler, ledger: MixtureLedger,
                  learner, workers: dict[str, Callable], engine_urls: list[str],
                  router_url: str | None, weight_sync, run_dir: Path,
-                 log: Callable[[dict], None] = lambda m: None):
+                 log: Callable[[dict], None] = lambda m: None, evaluate=None):
         self.tcfg = tcfg
         self.sampler = sampler
         self.ledger = ledger
@@ -125,6 +127,8 @@ class Trainer:
         self.weight_sync = weight_sync
         self.run_dir = Path(run_dir)
         self.log = log
+        self.evaluate = evaluate
+        self.eval_every = int(tcfg.get("eval_every", 0) or 0)
         self.limits = AsyncLimits(int(tcfg.max_in_flight), int(tcfg.max_staleness))
         self.groups_per_step = int(tcfg.groups_per_step)
         self.iterations = int(tcfg.iterations)
@@ -304,6 +308,10 @@ class Trainer:
             **{f"loss/{k}": v for k, v in upd["step"].items()},
             **{f"sync/{k}": v for k, v in upd["sync"].items()},
         }
+        if self.evaluate is not None and self.eval_every and self.learner.version % self.eval_every == 0:
+            t_eval = time.monotonic()
+            m.update(await self.evaluate(self.learner.version))
+            m["eval_s"] = time.monotonic() - t_eval
         self.history.append(m)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(m, default=float) + "\n")

@@ -27,7 +27,8 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
             "trainer.group_size.agent=2", "trainer.group_size.rlvr=2", "trainer.group_size.rlhf=2",
             "trainer.rho.agent=1", "trainer.rho.rlvr=1", "trainer.rho.rlhf=1",
             "trainer.max_tokens.rlvr=32", "trainer.max_tokens.rlhf=32",
-            "trainer.agent_limits.max_turns=2", "trainer.agent_limits.max_tokens_per_turn=32"]
+            "trainer.agent_limits.max_turns=2", "trainer.agent_limits.max_tokens_per_turn=32",
+            "trainer.eval_every=1", "trainer.eval.problems=2", "trainer.eval.max_tokens=16"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=REPO_ROOT,
                        env={**__import__("os").environ, "WANDB_MODE": "offline"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -39,6 +40,7 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
                 "consumed_mixture", "tv_distance", "backlog", "sync_s", "update_s"):
         assert key in m, key
     assert m["sync_s"] > 0  # the new weights went into the running engine
+    assert 0.0 <= m["eval/arithmetic/pass@1"] <= 1.0  # pass@k through the same stack
     assert sum(m["completed"].values()) >= 6  # three groups of two
     assert (run_dir / "checkpoint").is_dir()
     assert (run_dir / "plots" / "mixture.png").exists()

@@ -203,3 +203,18 @@ def test_no_worker_for_a_released_class_is_a_clear_error(tmp_path):
     t = trainer(tmp_path, tcfg(), workers={"rlvr": w, "rlhf": w})
     with pytest.raises(TrainerError, match="no rollout worker for workload class 'agent'"):
         asyncio.run(t.run())
+
+
+def test_evaluation_runs_every_k_steps_and_lands_in_the_metrics(tmp_path):
+    calls = []
+
+    async def evaluate(version):
+        calls.append(version)
+        return {"eval/arithmetic/pass@1": 0.25}
+
+    w = make_worker()
+    t = Trainer(tcfg(iterations=4, eval_every=2), sampler(), MixtureLedger(RHO), FakeLearner(),
+                {"agent": w, "rlvr": w, "rlhf": w}, [], None, None, tmp_path, evaluate=evaluate)
+    history = asyncio.run(t.run())
+    assert calls == [2, 4]
+    assert [h.get("eval/arithmetic/pass@1") for h in history] == [None, 0.25, None, 0.25]
