@@ -328,6 +328,11 @@ def main() -> None:
             print(f"agent server: {e}", file=sys.stderr)
             sys.exit(2)
 
+    # Log to stdout (the job captures it into the run folder's agent_server.log) rather than
+    # to a server.log in the working directory. Set here, not in agent_server.yaml, because
+    # that file is also composed into other configs (eval) where a hydra override is illegal.
+    if not any(a.startswith(("hydra/job_logging", "hydra.job_logging")) for a in sys.argv[1:]):
+        sys.argv.append("hydra/job_logging=stdout")
     _main()
 
 
