@@ -18,6 +18,7 @@ sends each finished unit to the scorer of its domain.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -26,6 +27,10 @@ import torch
 
 from rl.data.base import Prompt
 from rl.data.code import CodeTestsReward
+
+# math-verify 0.3 passes a normalisation option that latex2sympy2_extended 1.11 deprecates
+# and warns about on every parse; the parse itself is unaffected.
+logging.getLogger("latex2sympy2_extended.math_normalization").setLevel(logging.ERROR)
 
 __all__ = ["RewardError", "BatchScorer", "MathVerifyReward", "CodeTestsReward",
            "RewardModelScorer", "ZeroShotJudgeScorer", "DomainRewards", "conversation_text",
