@@ -174,7 +174,7 @@ class Trainer:
                 ready = [g for g in ready if self._fresh_group(g, it)]
                 if update is None and len(ready) >= self.groups_per_step \
                         and self.learner.version < self.iterations:
-                    batch, ready = ready[:self.groups_per_step], ready[self.groups_per_step:]
+                    batch, ready = self._pick_batch(ready)
                     update = asyncio.ensure_future(self._update(batch, it))
         finally:
             for task in in_flight:
@@ -182,6 +182,22 @@ class Trainer:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
         return self.history
+
+    def _pick_batch(self, ready: list[list[UnitResult]]) -> tuple[list[list[UnitResult]], list[list[UnitResult]]]:
+        """The next step's groups: by largest consumption deficit against rho, not by which
+        finished first (fast classes would otherwise crowd out slow ones: the mixture contract
+        is on consumed units, MISA-T section 3.3). Returns (batch, the rest, in order)."""
+        consumed = dict(self.ledger.completed_units)
+        rest, batch = list(ready), []
+        for _ in range(self.groups_per_step):
+            ready_classes = {g[0].unit.workload_class for g in rest}
+            target = {b: w for b, w in self.ledger.rho.items() if b in ready_classes}
+            b = largest_deficit(target, consumed)
+            g = next(g for g in rest if g[0].unit.workload_class == b)
+            rest.remove(g)
+            batch.append(g)
+            consumed[b] = consumed.get(b, 0) + len(g)
+        return batch, rest
 
     def _release(self, in_flight: dict[asyncio.Task, RolloutUnit], updating: bool) -> None:
         # In flight = released and not yet trained on or dropped (the ledger's count): units

@@ -218,3 +218,21 @@ def test_evaluation_runs_every_k_steps_and_lands_in_the_metrics(tmp_path):
     history = asyncio.run(t.run())
     assert calls == [2, 4]
     assert [h.get("eval/arithmetic/pass@1") for h in history] == [None, 0.25, None, 0.25]
+
+
+def test_batch_takes_ready_groups_by_consumption_deficit_not_finish_order(tmp_path):
+    t = trainer(tmp_path, tcfg(groups_per_step=2))
+    units = t.sampler.release(40, 0)
+    groups = {}
+    for u in units:
+        groups.setdefault(u.group_id, []).append(UnitResult(u, True))
+    ready = sorted(groups.values(), key=lambda g: g[0].unit.workload_class != "agent")  # agent first
+    for g in ready[:3]:  # the ledger has already consumed agent units
+        for r in g:
+            t.ledger.record_released(r.unit.unit_id, r.unit.workload_class)
+    for g in ready[:2]:
+        for r in g:
+            t.ledger.record_completed(r.unit.unit_id)
+    batch, rest = t._pick_batch(ready[2:])
+    assert {g[0].unit.workload_class for g in batch} == {"rlvr", "rlhf"}
+    assert len(rest) == len(ready) - 4
