@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from rl.config import hydra_entry, register_user_error
+from rl.config import ConfigError, hydra_entry, register_user_error
 from rl.report import plot_run, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -170,10 +170,43 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     return history
 
 
+def validate_trainer_cfg(tcfg: DictConfig) -> None:
+    """Build every part of ``trainer`` that needs no running stack, so a bad value is
+    refused before engines start.
+
+    Raises:
+        ConfigError: the message names the ``trainer.`` section and what is wrong.
+    """
+    from rl.grpo import async_limits, loss_config
+    from rl.learner import learner_config
+    from rl.mixture import normalize_mixture
+    from rollout.weight_sync import weight_sync_config
+
+    plain = OmegaConf.to_container(tcfg, resolve=True)
+    checks = (("trainer.rho", lambda: normalize_mixture(plain["rho"])),
+              ("trainer.loss", lambda: loss_config(plain["loss"])),
+              ("trainer.learner", lambda: learner_config(plain)),
+              ("trainer", lambda: async_limits(plain)),
+              ("trainer.weight_sync", lambda: weight_sync_config(plain["weight_sync"])))
+    for where, build in checks:
+        try:
+            build()
+        except TypeError as e:
+            raise ConfigError(f"{where}: a value has the wrong type ({e}); numbers must be "
+                              f"numbers: check the values under {where}") from None
+        except (ValueError, RuntimeError) as e:  # the parts' own error types
+            raise ConfigError(f"{where}: {e}") from None
+    for key in ("iterations", "groups_per_step", "sync_every"):
+        v = plain.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
+
+
 @hydra_entry("train")
 def main(cfg: DictConfig) -> None:
     stop_on_sigterm()
     _register_errors()
+    validate_trainer_cfg(cfg.trainer)
     from agents.client import launch_agent_server
 
     console = Console()

@@ -320,7 +320,7 @@ class Trainer:
             "reward_by_class": upd["reward_by_class"],
             "trained_units": upd["trained_units"],
             "staleness_mean": upd["staleness_mean"],
-            "router_caps": (state or {}).get("caps"),
+            "router_caps": ((state or {}).get("policy") or {}).get("caps"),
             **{f"loss/{k}": v for k, v in upd["step"].items()},
             **{f"sync/{k}": v for k, v in upd["sync"].items()},
         }

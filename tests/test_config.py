@@ -65,3 +65,16 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
     cfg = compose("train", [])
     path = OmegaConf.to_container(cfg.trainer.domains.rlvr.gsm8k, resolve=True)["path"]
     assert path == str((REPO_ROOT / "../shared/data/gsm8k/train.jsonl").resolve())
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("trainer.learner.backend=jax", "trainer.learner"),
+    ("trainer.rho.agent=-5", "trainer.rho"),
+    ("trainer.loss.eps_low=abc", "wrong type"),
+    ("trainer.iterations=0", "trainer.iterations=0"),
+])
+def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, override, expect):
+    r = _run(override, f"run_dir={tmp_path}/run")
+    assert r.returncode == 1
+    assert expect in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert "engines up" not in r.stdout
