@@ -93,6 +93,8 @@ class ServiceConfig:
         long_hold_s: holds longer than this are counted as long holds.
         session_idle_timeout_s: a session with nothing in flight for this long is
             closed (``SessionEnded(reason="idle_timeout")``); 0 disables.
+        no_engine_timeout_s: a request waiting while no engine is healthy gets a 503
+            after this long (holds for capacity are not bounded; holds for dead engines are).
         tokenizer_threads: threads that tokenize prompts off the event loop.
         wake_per_finish: held requests (oldest first) rechecked at once when a request
             finishes; the others recheck after their hold delay.
@@ -109,6 +111,7 @@ class ServiceConfig:
     kv_topic: str = "kv-events"
     long_hold_s: float = 30.0
     session_idle_timeout_s: float = 600.0
+    no_engine_timeout_s: float = 30.0
     tokenizer_threads: int = 1
     wake_per_finish: int = 4
 
@@ -120,6 +123,7 @@ class ServiceConfig:
             if isinstance(default, int) and not isinstance(value, int):
                 raise RouterConfigError(f"router service option {f.name} must be an integer, got {value!r}")
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
+                     "no_engine_timeout_s",
                      "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
             if getattr(self, name) <= 0:
                 raise RouterConfigError(f"router service option {name} must be > 0, got {getattr(self, name)!r}")
@@ -149,6 +153,10 @@ class ClientError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class _NoHealthyEngine(Exception):
+    """No engine was healthy for longer than ``no_engine_timeout_s`` while a request waited."""
 
 
 def error_response(status: int, message: str, code: str | None = None) -> web.Response:
@@ -487,6 +495,7 @@ class RouterService:
     async def _admit(self, request: Request) -> str:
         """decide() until Admit; returns the instance. Held requests wait here."""
         held_since: float | None = None
+        no_engine_since: float | None = None
         cls = request.workload_class
         try:
             while True:
@@ -501,6 +510,17 @@ class RouterService:
                         raise RuntimeError(f"policy admitted on unknown instance {decision.instance!r}")
                     return decision.instance
                 self.metrics.decisions.labels("hold").inc()
+                if not view.healthy():
+                    # A hold waits for capacity, not for engines that may never come back:
+                    # past the bound the client gets a 503 instead of an open connection.
+                    no_engine_since = now if no_engine_since is None else no_engine_since
+                    if now - no_engine_since > self.config.no_engine_timeout_s:
+                        raise _NoHealthyEngine(
+                            f"no engine has been healthy for {now - no_engine_since:.0f} s "
+                            f"(engines.no_engine_timeout_s={self.config.no_engine_timeout_s:g}); "
+                            "check the engines' logs and /health")
+                else:
+                    no_engine_since = None
                 if held_since is None:
                     held_since = now
                     self._held_now += 1
@@ -523,6 +543,9 @@ class RouterService:
             except asyncio.CancelledError:  # the client went away while held
                 self.observe(RequestFinished(request, "", self.clock(), ok=False))
                 raise
+            except _NoHealthyEngine as exc:
+                self.observe(RequestFinished(request, "", self.clock(), ok=False))
+                return error_response(503, str(exc), "no_healthy_engine")
             try:
                 return await self._forward(http, request, instance, path, raw, headers, streaming)
             except _EngineFailed as exc:
@@ -651,7 +674,9 @@ class RouterService:
 
     async def _health(self, http: web.Request) -> web.Response:
         healthy = sum(s.healthy for s in self.instances.values())
-        return web.json_response({"status": "ok", "healthy_instances": healthy, "instances": len(self.instances)})
+        return web.json_response(
+            {"status": "ok" if healthy else "no healthy engine", "healthy_instances": healthy,
+             "instances": len(self.instances)}, status=200 if healthy else 503)
 
     async def _metrics(self, http: web.Request) -> web.Response:
         now = self.clock()
@@ -760,6 +785,7 @@ _SERVICE_OPTIONS = {
     "scrape_timeout_s": "signals.scrape_timeout_s",
     "kv_topic": "signals.kv_topic",
     "session_idle_timeout_s": "sessions.idle_timeout_s",
+    "no_engine_timeout_s": "engines.no_engine_timeout_s",
 }
 
 

@@ -246,6 +246,20 @@ async def test_all_engines_failing_gives_502_after_max_retries(engines):
         await service.stop()
 
 
+async def test_no_healthy_engine_gives_503_after_the_bound_and_health_says_so(engines):
+    for e in engines:
+        e.fail_status = 503
+    service = await start_router(engines, max_retries=10, probe_interval_s=10.0, no_engine_timeout_s=0.5)
+    try:
+        async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+            r = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+            health = await client.get("/health")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_engine"
+        assert health.status_code == 503 and health.json()["healthy_instances"] == 0
+    finally:
+        await service.stop()
+
+
 @pytest.mark.parametrize(
     ("method", "path", "content", "status", "code"),
     [
