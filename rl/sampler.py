@@ -52,8 +52,13 @@ class RolloutUnit:
     def headers(self) -> dict[str, str]:
         """The request metadata headers of DESIGN.md for this unit's model calls
         (``X-Session-End`` is the worker's to add on the last call)."""
-        return {"X-Session-Id": self.session_id, "X-Workload-Class": self.workload_class,
-                "X-Group-Id": self.group_id, "X-Rollout-Unit": self.unit_id}
+        return self.session().headers(session_end=False)
+
+    def session(self):
+        """The unit's identity for model calls (``rollout.client.SessionHeaders``)."""
+        from rollout.client import SessionHeaders
+
+        return SessionHeaders(self.session_id, self.workload_class, self.group_id, self.unit_id)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from agents.client import AgentClientError, AgentServerClient
-from rollout.client import ModelCallError, ModelClient, SessionHeaders
+from rollout.client import ModelCallError, ModelClient
 from rl.grpo import TrainSample
 from rl.sampler import RolloutUnit
 
@@ -65,11 +65,6 @@ class UnitResult:
                            loss_mask=self.loss_mask)
 
 
-def _session(unit: RolloutUnit) -> SessionHeaders:
-    return SessionHeaders(session_id=unit.session_id, workload_class=unit.workload_class,
-                          group_id=unit.group_id, unit_id=unit.unit_id)
-
-
 class SingleTurnWorker:
     """Runs single-turn units (rlvr, rlhf) through the router.
 
@@ -106,7 +101,7 @@ class SingleTurnWorker:
                               finished_at_s=time.monotonic())
         try:
             c = await self.client.complete(prompt_ids, min(limit, room), self.end_token_id,
-                                           _session(unit), session_end=True)
+                                           unit.session(), session_end=True)
         except ModelCallError as e:
             return UnitResult(unit, False, error=str(e), num_requests=1,
                               finished_at_s=time.monotonic())
