@@ -51,6 +51,7 @@ class Trainer:
     released: dict[str, int] = field(default_factory=dict)
     completed: dict[str, int] = field(default_factory=dict)
     units: dict[str, UnitRecord] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
     stopped_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +109,13 @@ class Trainer:
         u = self.units[unit_id]
         u.completed_s = now
         self.completed[u.workload_class] += 1
+        self.in_flight -= 1
+
+    def fail(self, unit_id: str, now: float) -> None:
+        """Count unit ``unit_id`` failed at ``now`` (a request errored): it leaves the in-flight
+        set without counting as complete (live replays only; the simulator never fails one)."""
+        u = self.units[unit_id]
+        self.failed[u.workload_class] = self.failed.get(u.workload_class, 0) + 1
         self.in_flight -= 1
 
     def backlog(self) -> dict[str, int]:

@@ -1,0 +1,399 @@
+"""Routers on real vLLM engines, and the simulator checked against them (one command).
+
+    .venv/bin/python -m bench.router_real                  # 10 min per router (~80 min)
+    .venv/bin/python -m bench.router_real --minutes 4      # shorter, noisier
+
+What it does, in one run and one folder (``runs/bench/router-real-<time>/``):
+
+1. Starts 2 real vLLM CPU engines with the packaged model (one core each) and a KV cache
+   of ``--kv-tokens`` tokens per engine, small enough that the mixed workload overflows it
+   at the permissive ceiling.
+2. Calibrates the simulator's step-cost profile on those engines
+   (:mod:`router.sim.calibrate`, fitted by :func:`router.sim.cost_model.fit_linear_step_cost`).
+3. Generates one mixed trace with the shape of ``router/sim/`` scaled to what 2 cores serve
+   (:func:`cpu_classes`): agent sessions with growing prefixes, short outputs and tool gaps;
+   rlvr with long decodes; rlhf in between; GRPO groups of 4.
+4. Replays it (:mod:`router.replay`: a trainer-like client releasing whole groups at the
+   target mixture under an outer concurrency ceiling, counting complete units) through, in
+   turn: the real ``vllm-router`` (cache_aware) at each ceiling of ``--sweep`` (the best is the
+   baseline), the real ``vllm-router`` at the permissive ``--ceiling``, and our
+   ``round_robin``, ``session_admission``, ``misa``, ``misa_t`` at that ceiling. Between runs the
+   engines' prefix caches are reset and each router is started fresh.
+5. Replays the same trace in the simulator with the calibrated profile, the engines' real
+   KV size and block size and the same policies and ceilings, and reports its error per figure.
+
+Figures per router (window: first unit completion to the end of the run, as the simulator
+defines it with warmup_frac=0): complete samples/min, requests/min, prefix hit rate (the
+engines' own counters), prefill tok/s (prompt tokens of finished requests, hits included)
+and computed prefill tok/s (engine prompt tokens - hits), decode tok/s (engine counter),
+consumed mixture and TV distance, per-class p50/p95 unit completion time; ratios to the
+sweep-tuned baseline. Output: ``results.json``, ``table.md``, ``router_real.png``,
+``kv_usage.png``, each run's engine/router logs and its recorded trace (JSONL, replayable
+with ``python -m router.sim trace=...``).
+
+Every process it starts is stopped when it ends, fails, or is interrupted (Ctrl-C, SIGTERM);
+the engines also die with it if it is killed (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import aiohttp
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from rl.config import REPO_ROOT
+from rollout.engines import EngineError, EnginePool
+from rollout.model import prepare_model
+from rollout.process import ProcessStartError
+from router.launch import start_router
+from router.policies import make_policy
+from router.replay import ReplayError, WordText, replay, scrape_engines
+from router.sim.calibrate import measure_step_samples
+from router.sim.cost_model import fit_linear_step_cost
+from router.sim.engine import EngineConfig
+from router.sim.errors import SimError
+from router.sim.simulator import SignalConfig, SimConfig, Simulation
+from router.sim.trace import write_trace
+from router.sim.workload import ClassSpec, LengthDist, WorkloadConfig, generate_trace
+
+RECIPES = REPO_ROOT / "recipes"
+MIXTURE = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}  # the trainer's target rho (paper section 5.2)
+FIGURES = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s", "decode_tok_s")
+
+
+def cpu_classes(context_limit_tokens: int, tool_gap_share: float) -> dict[str, ClassSpec]:
+    """The paper's three classes (``router.sim.workload.paper_classes``) scaled to 2 CPU cores.
+
+    Lengths are ~1/30 of Table 2's (agent request prompts p50 1,100 / p95 2,600 tokens over
+    ~6 turns instead of 38K / 103K over 70; rlvr decodes p50 300 / p95 1,000 instead of
+    48K / 131K), which keeps the shape: agent = long growing prefixes with short outputs,
+    rlvr = short prompts with long decode tails, rlhf in between. Tool gaps take
+    ``tool_gap_share`` of an agent session's time (a sandbox command on this machine takes
+    about as long as a model turn; Table 3 has 6.6-23%).
+    """
+    cap = context_limit_tokens
+    return {
+        "agent": ClassSpec(
+            prompt=LengthDist(150, 400, 32, cap // 4), output=LengthDist(24, 96, 1, 256), group_size=4,
+            turns="multi", input_p50=1100, input_p95=2600, turns_mean=6.0, class_prefix_tokens=256,
+            tool_gap_share=tool_gap_share, turn_time_hint_s=3.0,
+        ),
+        "rlhf": ClassSpec(prompt=LengthDist(80, 300, 8, 512), output=LengthDist(120, 400, 1, cap), group_size=4),
+        "rlvr": ClassSpec(prompt=LengthDist(60, 150, 8, 256), output=LengthDist(300, 1000, 1, cap), group_size=4),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterRun:
+    """One router configuration of the benchmark."""
+
+    label: str
+    impl: str  # "vllm" (the real vLLM Router) or "ours"
+    policy: str  # ours: the policy name; vllm: cache_aware
+    ceiling: int
+    params: dict = dataclasses.field(default_factory=dict)
+    sweep: bool = False
+
+    def router_cfg(self) -> dict:
+        """The ``router`` config group for :func:`router.launch.start_router`."""
+        name = "vllm" if self.impl == "vllm" else self.policy.replace("_", "-")
+        cfg = OmegaConf.to_container(OmegaConf.load(RECIPES / "router" / f"{name}.yaml"))
+        cfg["params"] = {**(cfg.get("params") or {}), **self.params}
+        return cfg
+
+    def sim_policy(self):
+        """The same policy for the simulator (the vLLM Router's cache_aware matches on the
+        simulator's exact prefix index: the simulator has no text)."""
+        if self.impl == "vllm":
+            cfg = self.router_cfg()
+            return make_policy("cache_aware", {
+                "match_from": "prefix_index", "cache_threshold": cfg["cache_threshold"],
+                "balance_abs_threshold": cfg["balance_abs_threshold"],
+                "balance_rel_threshold": cfg["balance_rel_threshold"]})
+        return make_policy(self.policy, self.router_cfg()["params"])
+
+
+def plan_runs(sweep: list[int], ceiling: int, policies: list[str]) -> list[RouterRun]:
+    """The sweep of the real vLLM Router, then every router at the permissive ceiling."""
+    runs = [RouterRun(f"vllm-router c={c}", "vllm", "cache_aware", c, sweep=True) for c in sweep]
+    if ceiling not in sweep:
+        runs.append(RouterRun(f"vllm-router c={ceiling}", "vllm", "cache_aware", ceiling))
+    runs += [RouterRun(f"{p} c={ceiling}", "ours", p, ceiling) for p in policies]
+    return runs
+
+
+# ----------------------------------------------------------------------------- engines
+
+
+async def _engines_idle(urls: list[str], timeout_s: float) -> None:
+    """Wait until no engine runs or queues a request (aborted requests drain)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            ms = await scrape_engines(http, urls)
+            if all(m.num_requests_running == 0 and m.num_requests_waiting == 0 for m in ms):
+                return
+            if time.monotonic() > deadline:
+                raise ReplayError(f"engines still busy {timeout_s:.0f} s after the run ended")
+            await asyncio.sleep(1.0)
+
+
+async def _reset_prefix_caches(urls: list[str]) -> None:
+    """POST /reset_prefix_cache on each engine (vLLM dev-mode endpoint)."""
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            async with http.post(f"{url}/reset_prefix_cache") as r:
+                if r.status != 200:
+                    raise ReplayError(f"{url}/reset_prefix_cache answered HTTP {r.status}")
+
+
+def kv_bytes_per_token(model_path: Path, dtype_bytes: int) -> int:
+    """K and V bytes per token of the model (2 * layers * kv_heads * head_dim * dtype bytes)."""
+    cfg = json.loads((model_path / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * dtype_bytes
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _rel(v: float | None, b: float | None) -> str:
+    return f"{v / b:.2f}x" if v is not None and b else "n/a"
+
+
+def _err(sim: float, real: float) -> float | None:
+    return (sim - real) / real if real else None
+
+
+def report(results: list[dict], base_label: str, out: Path, minutes: float) -> str:
+    """Print the tables (real figures vs the baseline; simulator vs real) and save them and the plots."""
+    console = Console(width=160)
+    base = next(r for r in results if r["label"] == base_label)["real"]
+    classes = list(MIXTURE)
+    t = Table(title=f"Routers on 2 real vLLM CPU engines, {minutes:g} min each (baseline: {base_label}, best of the sweep)")
+    cols = ["router", "samples/min", "x base", "RPM", "x base", "prefix hit", "prefill tok/s", "x base",
+            "decode tok/s", "x base", "mixture a/v/h %", "TV", "p50/p95 s a | v | h", "preempt", "errors"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "router" else "right")
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in results:
+        s = r["real"]
+        mix = "/".join(f"{s['consumed_mixture'].get(b, 0) * 100:.0f}" for b in classes)
+        comp = " | ".join(f"{s['completion_s'][b]['p50']:.0f}/{s['completion_s'][b]['p95']:.0f}"
+                          if b in s["completion_s"] else "-" for b in classes)
+        row = [r["label"], f"{s['samples_per_min']:.1f}", _rel(s["samples_per_min"], base["samples_per_min"]),
+               f"{s['requests_per_min']:.0f}", _rel(s["requests_per_min"], base["requests_per_min"]),
+               f"{s['prefix_hit_rate']:.1%}", f"{s['prefill_tok_s']:.0f}", _rel(s["prefill_tok_s"], base["prefill_tok_s"]),
+               f"{s['decode_tok_s']:.0f}", _rel(s["decode_tok_s"], base["decode_tok_s"]), mix,
+               f"{s['tv_distance']:.3f}", comp, str(s["preemptions"]), str(len(r["errors"]))]
+        t.add_row(*row)
+        md.append("| " + " | ".join(row) + " |")
+    console.print(t)
+
+    t2 = Table(title="Simulator (CPU-fitted profile) vs the real engines: error = (sim - real) / real")
+    cols2 = ["router"] + [f"{f} real | sim | err" for f in FIGURES]
+    for c in cols2:
+        t2.add_column(c, justify="left" if c == "router" else "right")
+    md2 = ["| " + " | ".join(cols2) + " |", "|" + "---|" * len(cols2)]
+    for r in results:
+        row = [r["label"]]
+        for f in FIGURES:
+            real, sim = r["real"][f], r["sim"][f]
+            e = _err(sim, real)
+            fmt = "{:.1%}" if f == "prefix_hit_rate" else "{:.1f}"
+            row.append(f"{fmt.format(real)} | {fmt.format(sim)} | " + (f"{e:+.0%}" if e is not None else "n/a"))
+        t2.add_row(*row)
+        md2.append("| " + " | ".join(row) + " |")
+    console.print(t2)
+    text = "\n".join(["## Real engines", "", *md, "", "## Simulator vs real", "", *md2, ""])
+    (out / "table.md").write_text(text)
+    _plots(results, base_label, out)
+    return text
+
+
+def _plots(results: list[dict], base_label: str, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["label"] for r in results]
+    base = next(r for r in results if r["label"] == base_label)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    x = range(len(labels))
+    for ax, f, title in ((axes[0], "samples_per_min", "complete samples/min"),
+                         (axes[1], "prefix_hit_rate", "prefix hit rate"),
+                         (axes[2], "decode_tok_s", "decode tok/s")):
+        ax.bar([i - 0.2 for i in x], [r["real"][f] for r in results], width=0.4, label="real")
+        ax.bar([i + 0.2 for i in x], [r["sim"][f] for r in results], width=0.4, label="simulator")
+        if f == "samples_per_min":
+            ax.axhline(base["real"][f], color="k", lw=0.8, ls="--", label="baseline (real)")
+        ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "router_real.png", dpi=120)
+    plt.close(fig)
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.5))
+    for r in results:
+        tl = r["timeline"]
+        if not tl:
+            continue
+        ts = [p["t_s"] for p in tl]
+        ax1.plot(ts, [sum(p["kv_usage"]) / len(p["kv_usage"]) for p in tl], label=r["label"])
+        ax2.plot(ts, [sum(p["completed"].values()) for p in tl], label=r["label"])
+    ax1.set_xlabel("time (s)")
+    ax1.set_ylabel("KV cache usage (mean over engines)")
+    ax2.set_xlabel("time (s)")
+    ax2.set_ylabel("units completed")
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "kv_usage.png", dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _parse_ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"{what}: expected comma-separated integers like 8,16,32, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise SystemExit(f"{what}: expected positive integers like 8,16,32, got {text!r}")
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0, help="wall time per router run")
+    parser.add_argument("--sweep", default="4,8,16", help="vllm-router ceilings (units in flight) to sweep")
+    parser.add_argument("--ceiling", type=int, default=32, help="the common permissive ceiling")
+    parser.add_argument("--policies", default="round_robin,session_admission,misa,misa_t",
+                        help="our policies to run at the permissive ceiling")
+    parser.add_argument("--kv-tokens", type=int, default=6144, help="KV cache per engine, tokens")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--tool-gap-share", type=float, default=0.25)
+    parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
+    args = parser.parse_args()
+    sweep = _parse_ints(args.sweep, "--sweep")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if args.minutes <= 0 or args.ceiling < 1 or args.kv_tokens < 256:
+        raise SystemExit("--minutes must be > 0, --ceiling >= 1 and --kv-tokens >= 256")
+    try:
+        runs = plan_runs(sweep, args.ceiling, policies)
+        for r in runs:
+            r.sim_policy()  # unknown policy names and bad params fail here, before engines start
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--policies: {e}") from None
+    out = args.out or REPO_ROOT / "runs" / "bench" / f"router-real-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        results, base = run_benchmark(args, runs, out)
+    except KeyboardInterrupt:
+        print(f"interrupted; every process started was stopped; partial results in {out}", file=sys.stderr)
+        raise SystemExit(130) from None
+    except (EngineError, ProcessStartError, ReplayError, SimError) as e:
+        print(f"bench.router_real failed: {e}\nlogs: {out}", file=sys.stderr)
+        raise SystemExit(1) from None
+    report(results, base, out, args.minutes)
+    print(f"results: {out}")
+
+
+def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) -> tuple[list[dict], str]:
+    """Engines up, calibrate, replay through every router, simulate; returns (results, baseline label)."""
+    from transformers import AutoTokenizer
+
+    model_cfg = OmegaConf.load(RECIPES / "model" / "smollm2-135m.yaml")
+    model_path = prepare_model(model_cfg)
+    served = str(model_cfg.name)
+    text = WordText(AutoTokenizer.from_pretrained(str(model_path)))
+    per_token = kv_bytes_per_token(model_path, 4 if model_cfg.dtype == "float32" else 2)
+    ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")
+    ecfg.kv_cache_space_gib = args.kv_tokens * per_token / 2**30
+    ecfg.max_num_batched_tokens = args.max_num_batched_tokens
+    trace = generate_trace(WorkloadConfig(
+        units=args.units, pool_mixture=dict(MIXTURE), context_limit_tokens=args.max_model_len - 64,
+        classes=cpu_classes(args.max_model_len - 64, args.tool_gap_share), seed=args.seed))
+    write_trace(trace, out / "trace.jsonl")
+    results: list[dict] = []
+    print(f"starting 2 vLLM CPU engines ({args.kv_tokens} KV tokens each); logs in {out}", file=sys.stderr)
+    with EnginePool.start(ecfg, str(model_path), served, args.max_model_len, str(model_cfg.dtype), out) as pool:
+        urls = pool.urls
+        info = asyncio.run(_engine_info(urls))
+        print(f"engines: {info}; calibrating the step-cost profile ...", file=sys.stderr)
+        samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens))
+        cost = fit_linear_step_cost(samples)
+        calibration = {"samples": [dataclasses.asdict(s) for s in samples], "profile": dataclasses.asdict(cost),
+                       "engines": info}
+        (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
+        for run in runs:
+            asyncio.run(_engines_idle(urls, 300))
+            asyncio.run(_reset_prefix_caches(urls))
+            run_dir = out / run.label.replace(" ", "_").replace("=", "")
+            run_dir.mkdir(exist_ok=True)
+            router = start_router(run.router_cfg(), urls, [e for e in pool.kv_events_endpoints if e],
+                                  str(model_path), run_dir)
+            bar = tqdm(total=int(args.minutes * 60), desc=run.label, unit="s", file=sys.stderr)
+            try:
+                def progress(elapsed: float, done: int) -> None:
+                    bar.n = min(int(elapsed), bar.total)
+                    bar.set_postfix(units=done, refresh=False)
+                    bar.refresh()
+
+                res = replay(router.url, served, trace, MIXTURE, run.ceiling, args.minutes * 60, text, urls,
+                             seed=args.seed, progress=progress)
+            finally:
+                bar.close()
+                router.stop()
+            write_trace(res.recorded_trace(), run_dir / "recorded_trace.jsonl")
+            (run_dir / "errors.txt").write_text("\n".join(res.errors))
+            results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
+                            "sweep": run.sweep, "real": res.summary, "errors": res.errors, "timeline": res.timeline})
+            (out / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results}, indent=1))
+    sim_cfg = EngineConfig(num_blocks=info["num_blocks"], block_size=info["block_size"],
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=int(ecfg.max_num_seqs))
+    for r, run in zip(tqdm(results, desc="simulator replay", file=sys.stderr), runs):
+        cfg = SimConfig(instances=len(urls), engine=sim_cfg, cost=cost, mixture=dict(MIXTURE), ceiling=run.ceiling,
+                        signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
+                        context_limit_tokens=args.max_model_len, warmup_frac=0.0,
+                        horizon_s=args.minutes * 60, seed=args.seed)
+        r["sim"] = Simulation(cfg, trace, run.sim_policy()).run().summary
+    sweep = [r for r in results if r["sweep"]] or results[:1]
+    base = max(sweep, key=lambda r: r["real"]["samples_per_min"])["label"]
+    (out / "results.json").write_text(json.dumps(
+        {"calibration": calibration, "baseline": base, "args": {k: str(v) for k, v in vars(args).items()},
+         "runs": results}, indent=1))
+    return results, base
+
+
+async def _engine_info(urls: list[str]) -> dict:
+    """KV block count and size of the engines (from vllm:cache_config_info)."""
+    async with aiohttp.ClientSession() as http:
+        ms = await scrape_engines(http, urls)
+    if any(m.num_blocks is None or m.block_size is None for m in ms):
+        raise ReplayError("an engine's /metrics lacks vllm:cache_config_info (block size and count)")
+    return {"num_blocks": min(m.num_blocks for m in ms), "block_size": ms[0].block_size}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""Replay a rollout trace against a live router (or engine) over HTTP, like a trainer would.
+
+The real-engine counterpart of :mod:`router.sim.simulator`: the same trace
+(:mod:`router.sim.trace`), the same trainer model (:class:`router.sim.trainer.Trainer`:
+whole GRPO groups released at the target mixture under an outer concurrency ceiling), but
+every request is a real ``POST /v1/completions`` through ``url``, tool gaps are real
+sleeps, and time is the wall clock.
+
+Prompts are text, so that any router (ours, or the vLLM Router, which matches prefixes on
+text) sees what a rollout worker would send. :class:`WordText` builds text of an exact
+token count from words that are one token each, deterministic per key, so
+
+- every session of a class starts with the same class prefix (system prompt), and the
+  sessions of a GRPO group share the group's prompt (``class_prefix_tokens``,
+  ``group_prefix_tokens`` of the trace);
+- an agent session's turn k+1 prompt is turn k's prompt + the model's answer + a tool
+  observation of the trace's size, so its prefix grows append-only;
+- outputs have the trace's length exactly (``min_tokens`` = ``max_tokens``, ``ignore_eos``).
+
+The window and the figures follow :func:`router.sim.metrics.summarize` with
+``warmup_frac=0``: from the first unit completion to the end of the run (``duration_s``,
+or earlier if a class pool runs dry). Engine counters (prefix hits, generated tokens) are
+scraped from each engine's ``/metrics`` at both window edges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import aiohttp
+import numpy as np
+
+from rollout.client import SessionHeaders
+from router.policies.base import InstanceMetrics
+from router.signals import parse_engine_metrics
+from router.sim.metrics import tv_distance
+from router.sim.trace import TraceRecord, TraceSession
+from router.sim.trainer import Trainer
+
+
+class ReplayError(RuntimeError):
+    """The replay could not run (bad arguments, unreachable target, a tokenizer without words)."""
+
+
+class WordText:
+    """Text of an exact token count: space-led words that the tokenizer keeps as one token each.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (byte-level BPE, like Llama/SmolLM2/Qwen).
+        min_words: fewest usable words required.
+
+    Raises:
+        ReplayError: the vocabulary has fewer than ``min_words`` such words.
+    """
+
+    _WORD = re.compile(r"^[a-z]{3,10}$")
+
+    def __init__(self, tokenizer, min_words: int = 1000) -> None:
+        words = []
+        for token, _id in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+            text = tokenizer.convert_tokens_to_string([token])
+            if text.startswith(" ") and self._WORD.match(text[1:]):
+                words.append(text)
+        # Keep only words that really encode to one token on their own.
+        self.words = [w for w in words if len(tokenizer.encode(w, add_special_tokens=False)) == 1]
+        if len(self.words) < min_words:
+            raise ReplayError(f"the tokenizer has only {len(self.words)} one-token words (need {min_words}); "
+                              "use a byte-level BPE model such as SmolLM2")
+
+    def text(self, key: str, n_tokens: int) -> str:
+        """``n_tokens`` words (about as many tokens), the same for the same ``key``."""
+        if n_tokens <= 0:
+            return ""
+        seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+        idx = np.random.default_rng(seed).integers(0, len(self.words), n_tokens)
+        return "".join(self.words[i] for i in idx)
+
+
+@dataclass
+class RequestRecord:
+    """One request as it happened (seconds from the replay's start; tokens from the engine's usage)."""
+
+    session_id: str
+    workload_class: str
+    unit_id: str
+    group_id: str | None
+    turn: int
+    arrival_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: int
+    tool_gap_s: float
+    session_end: bool
+    class_prefix_tokens: int
+    group_prefix_tokens: int
+
+
+@dataclass
+class ReplayResult:
+    """What one replay measured.
+
+    Attributes:
+        summary: the figures of :func:`window_summary` (same keys as the simulator's).
+        requests: every finished request (``RequestRecord``).
+        errors: one line per failed request (HTTP status and the body's start).
+        timeline: periodic engine samples (``t_s``, per-engine KV usage, running, waiting,
+            cumulative prefix hit rate) for plots.
+    """
+
+    summary: dict
+    requests: list[RequestRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
+
+    def recorded_trace(self) -> list[TraceSession]:
+        """The requests as a trace (:mod:`router.sim.trace` format), replayable by ``router.sim``."""
+        sessions: dict[str, TraceSession] = {}
+        for r in sorted(self.requests, key=lambda r: (r.session_id, r.turn)):
+            s = sessions.setdefault(r.session_id, TraceSession(r.session_id, r.workload_class, r.unit_id, r.group_id))
+            s.requests.append(TraceRecord(
+                r.session_id, r.workload_class, r.turn, max(1, r.prompt_tokens), max(1, r.output_tokens),
+                unit_id=r.unit_id, group_id=r.group_id, tool_gap_s=r.tool_gap_s, session_end=r.session_end,
+                group_prefix_tokens=r.group_prefix_tokens, class_prefix_tokens=r.class_prefix_tokens,
+                arrival_s=r.arrival_s, finish_s=r.finish_s))
+        return list(sessions.values())
+
+
+async def scrape_engines(http: aiohttp.ClientSession, engine_urls: Sequence[str]) -> list[InstanceMetrics]:
+    """One ``/metrics`` sample of every engine, in order.
+
+    Raises:
+        ReplayError: an engine did not answer or its page is not vLLM's.
+    """
+    async def one(url: str) -> InstanceMetrics:
+        try:
+            async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                return parse_engine_metrics(await r.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            raise ReplayError(f"engine {url}: /metrics failed: {e!r}") from None
+
+    return list(await asyncio.gather(*(one(u) for u in engine_urls)))
+
+
+def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tuple[float, float],
+                   counters: tuple[list[InstanceMetrics], list[InstanceMetrics]]) -> dict:
+    """The figures of a window, defined as in :func:`router.sim.metrics.summarize`.
+
+    Args:
+        trainer: the trainer model after the run (units with release/completion times).
+        requests: finished requests.
+        window: (t0, t1) seconds from the start.
+        counters: engine samples at t0 and at t1.
+
+    Returns:
+        samples_per_min, requests_per_min, prefix_hit_rate (engine counters), prefill_tok_s
+        (prompt tokens of requests finished in the window, hits included), computed_prefill_tok_s
+        (engine prompt tokens minus prefix hits), decode_tok_s (engine generated tokens),
+        consumed_mixture, tv_distance, completion_s {class: {p50, p95}}, preemptions,
+        units_released / units_completed / units_failed, requests_finished, window_s.
+    """
+    t0, t1 = window
+    dur = max(t1 - t0, 1e-9)
+    c0, c1 = counters
+
+    def delta(name: str) -> float:
+        return sum(getattr(b, name) - getattr(a, name) for a, b in zip(c0, c1))
+
+    queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
+    in_win = [r for r in requests if t0 <= r.finish_s <= t1]
+    per_class: dict[str, list[float]] = {}
+    for u in trainer.units.values():
+        if u.completed_s is not None and t0 <= u.completed_s <= t1:
+            per_class.setdefault(u.workload_class, []).append(u.completed_s - u.released_s)
+    consumed = {b: len(per_class.get(b, [])) for b in trainer.rho}
+    n_units = sum(consumed.values())
+    return {
+        "window_s": [t0, t1],
+        "samples_per_min": n_units / dur * 60,
+        "requests_per_min": len(in_win) / dur * 60,
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "prefill_tok_s": sum(r.prompt_tokens for r in in_win) / dur,
+        "computed_prefill_tok_s": (delta("prompt_tokens_total") - hits) / dur,
+        "decode_tok_s": delta("generation_tokens_total") / dur,
+        "consumed_mixture": {b: n / n_units if n_units else 0.0 for b, n in consumed.items()},
+        "tv_distance": tv_distance({b: float(n) for b, n in consumed.items()}, trainer.rho) if n_units else 1.0,
+        "completion_s": {b: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))}
+                         for b, v in per_class.items()},
+        "preemptions": int(delta("num_preemptions_total")),
+        "units_released": sum(trainer.released.values()),
+        "units_completed": sum(trainer.completed.values()),
+        "units_failed": sum(trainer.failed.values()),
+        "requests_finished": len(requests),
+    }
+
+
+def _request_seed(seed: int, session_id: str, turn: int) -> int:
+    """A sampling seed per (run seed, session, turn), the same in every process."""
+    digest = hashlib.blake2b(f"{seed}:{session_id}:{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % 2**31
+
+
+class _Replay:
+    """State of one replay (see :func:`replay`)."""
+
+    def __init__(self, url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float],
+                 ceiling: int, text: WordText, engine_urls: Sequence[str], seed: int) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.trainer = Trainer(sessions, mixture, ceiling)
+        self.text = text
+        self.engine_urls = list(engine_urls)
+        self.seed = seed
+        self.requests: list[RequestRecord] = []
+        self.errors: list[str] = []
+        self.timeline: list[dict] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.t_start = 0.0
+        self.first_done = asyncio.Event()
+        self.pool_dry = asyncio.Event()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def release(self) -> None:
+        stopped_before = self.trainer.stopped_s is not None
+        for s in self.trainer.release(self.now()):
+            task = asyncio.ensure_future(self.run_session(s))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        if not stopped_before and self.trainer.stopped_s is not None:
+            self.pool_dry.set()
+
+    async def run_session(self, s: TraceSession) -> None:
+        headers = SessionHeaders(s.session_id, s.workload_class, s.group_id, s.unit_id)
+        r0 = s.requests[0]
+        cls_n = r0.class_prefix_tokens
+        grp_n = max(r0.group_prefix_tokens - cls_n, 0)
+        prompt = (self.text.text(f"class:{s.workload_class}", cls_n)
+                  + self.text.text(f"group:{s.group_id or s.session_id}", grp_n)
+                  + self.text.text(f"session:{s.session_id}:0", r0.prompt_tokens - cls_n - grp_n))
+        for k, rec in enumerate(s.requests):
+            end = k == len(s.requests) - 1 if rec.session_end is None else bool(rec.session_end)
+            body = {"model": self.model, "prompt": prompt, "max_tokens": rec.output_tokens,
+                    "min_tokens": rec.output_tokens, "ignore_eos": True, "temperature": 1.0,
+                    "seed": _request_seed(self.seed, s.session_id, k)}
+            arrival = self.now()
+            try:
+                async with self.http.post(f"{self.url}/v1/completions", json=body,
+                                          headers=headers.headers(end)) as resp:
+                    raw = await resp.read()
+                    if resp.status != 200:
+                        raise ReplayError(f"HTTP {resp.status}: {raw[:200]!r}")
+                    answer = await resp.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ReplayError, ValueError) as e:
+                self.errors.append(f"{s.session_id} turn {k}: {e}")
+                self.trainer.fail(s.unit_id, self.now())
+                self.release()
+                return
+            usage = answer.get("usage") or {}
+            out_text = answer["choices"][0]["text"]
+            gap = 0.0 if end else rec.tool_gap_s
+            self.requests.append(RequestRecord(
+                s.session_id, s.workload_class, s.unit_id, s.group_id, k, arrival, self.now(),
+                int(usage.get("prompt_tokens", rec.prompt_tokens)),
+                int(usage.get("completion_tokens", rec.output_tokens)), gap, end, cls_n, r0.group_prefix_tokens))
+            if end:
+                break
+            nxt = s.requests[k + 1]
+            obs = nxt.prompt_tokens - rec.prompt_tokens - rec.output_tokens
+            prompt = prompt + out_text + self.text.text(f"session:{s.session_id}:{k + 1}", obs)
+            await asyncio.sleep(gap)
+        self.trainer.complete(s.unit_id, self.now())
+        self.first_done.set()
+        self.release()
+
+    async def sample_engines(self, period_s: float) -> None:
+        while True:
+            try:
+                ms = await scrape_engines(self.http, self.engine_urls)
+            except ReplayError:
+                ms = None
+            if ms is not None:
+                q = sum(m.prefix_cache_queries_total for m in ms)
+                h = sum(m.prefix_cache_hits_total for m in ms)
+                self.timeline.append({
+                    "t_s": self.now(), "kv_usage": [m.kv_cache_usage for m in ms],
+                    "running": [m.num_requests_running for m in ms], "waiting": [m.num_requests_waiting for m in ms],
+                    "prefix_queries": q, "prefix_hits": h, "completed": dict(self.trainer.completed),
+                    "in_flight_units": self.trainer.in_flight})
+            await asyncio.sleep(period_s)
+
+    async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,
+                  request_timeout_s: float) -> ReplayResult:
+        timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+            self.http = http
+            c_start_baseline = await scrape_engines(http, self.engine_urls)
+            self.t_start = time.monotonic()
+            sampler = asyncio.ensure_future(self.sample_engines(5.0))
+            self.release()
+            t0, c0 = None, c_start_baseline
+            deadline = self.t_start + duration_s
+            while time.monotonic() < deadline and not (self.pool_dry.is_set() and not self.tasks):
+                if t0 is None and self.first_done.is_set():
+                    t0, c0 = self.now(), await scrape_engines(http, self.engine_urls)
+                if progress is not None:
+                    progress(self.now(), sum(self.trainer.completed.values()))
+                await asyncio.sleep(0.5)
+            t1 = self.now()
+            c1 = await scrape_engines(http, self.engine_urls)
+            sampler.cancel()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, sampler, return_exceptions=True)
+        if t0 is None:
+            t0, c0 = 0.0, c_start_baseline
+        summary = window_summary(self.trainer, self.requests, (t0, t1), (c0, c1))
+        return ReplayResult(summary, self.requests, self.errors, self.timeline)
+
+
+def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float], ceiling: int,
+           duration_s: float, text: WordText, engine_urls: Sequence[str], seed: int = 0,
+           progress: Callable[[float, int], None] | None = None, request_timeout_s: float = 900.0) -> ReplayResult:
+    """Replay ``sessions`` through ``url`` for ``duration_s`` seconds of wall time.
+
+    Args:
+        url: the router (or one engine) base URL; requests go to ``/v1/completions``.
+        model: the served model name.
+        sessions: the trace (:func:`router.sim.workload.generate_trace` or ``read_trace``).
+        mixture: the trainer's target rho per class.
+        ceiling: most units in flight (the outer concurrency limit).
+        duration_s: run length; the run also ends when a class pool runs dry and all
+            released units finished. Units still in flight at the end are cancelled
+            (their requests aborted) and not counted.
+        text: prompt text builder for the served model's tokenizer.
+        engine_urls: the engines behind ``url`` (their ``/metrics`` give the counters).
+        seed: sampling seed base (each request's seed derives from it, the session and turn).
+        progress: called about twice a second with (elapsed s, units completed).
+        request_timeout_s: per-request limit; a request past it fails its unit.
+
+    Returns:
+        :class:`ReplayResult`.
+
+    Raises:
+        ReplayError: ``duration_s`` <= 0, or an engine's ``/metrics`` did not answer.
+        router.sim.errors.SimError: a bad mixture or ceiling (from the trainer model).
+    """
+    if duration_s <= 0:
+        raise ReplayError(f"duration_s must be > 0, got {duration_s}")
+    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, seed)
+                       .run(duration_s, progress, request_timeout_s))

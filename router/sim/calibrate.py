@@ -1,0 +1,107 @@
+"""Fit the simulator's step-cost profile to live vLLM engines (the "CPU-fitted profile").
+
+:func:`measure_step_samples` times a few request shapes on every engine at once (so the
+contention between engines that share a machine is in the numbers) and turns each into an
+engine step of known batch (:class:`~router.sim.cost_model.StepSample`):
+
+- decode with 1, 8 and 16 concurrent sequences: (time of an n+1-token answer - time of a
+  1-token answer) / n is one decode step of that batch;
+- a cold prompt of ``prefill_tokens`` (answer of 1 token): one prefill step (a longer
+  prompt than the engine's ``max_num_batched_tokens`` would be split; keep it below);
+- the same prompt extended by a quarter: a prefix-cache hit, so only the new tokens are
+  computed, over the whole context.
+
+Every shape is measured ``repeats`` times and the median kept. Prompts use fresh words
+per measurement so nothing hits the prefix cache by accident.
+:func:`router.sim.cost_model.fit_linear_step_cost` turns the samples into the profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from typing import Sequence
+
+import aiohttp
+
+from router.sim.cost_model import StepSample
+
+
+async def _timed_completion(http: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> float:
+    t0 = time.perf_counter()
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0.0}
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        text = await r.text()
+        if r.status != 200:
+            raise RuntimeError(f"calibration request to {url} failed: HTTP {r.status}: {text[:200]}")
+    return time.perf_counter() - t0
+
+
+async def _batch_time(http, urls, model, text, prompt_tokens: int, streams: int, max_tokens: int) -> float:
+    """Wall time of ``streams`` concurrent fresh prompts per engine, on every engine at once; median per engine."""
+    tag = uuid.uuid4().hex
+
+    async def engine(url: str) -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_timed_completion(http, url, model, text.text(f"cal:{tag}:{url}:{i}", prompt_tokens),
+                                                 max_tokens) for i in range(streams)))
+        return time.perf_counter() - t0
+
+    return statistics.median(await asyncio.gather(*(engine(u) for u in urls)))
+
+
+async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, decode_tokens: int,
+                   repeats: int) -> list[StepSample]:
+    samples: list[StepSample] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        await _batch_time(http, urls, model, text, 32, 1, 4)  # warm-up
+        short = 64
+        for streams in (1, 8, 16):
+            steps = []
+            for _ in range(repeats):
+                t1 = await _batch_time(http, urls, model, text, short, streams, 1)
+                tn = await _batch_time(http, urls, model, text, short, streams, decode_tokens + 1)
+                steps.append(max(tn - t1, 1e-6) / decode_tokens)
+            ctx = streams * (short + decode_tokens // 2)
+            samples.append(StepSample(0, streams, ctx, statistics.median(steps)))
+        cold, warm = [], []
+        extra = max(prompt_tokens // 4, 1)
+        for _ in range(repeats):
+            tag = uuid.uuid4().hex
+            prompt = text.text(f"cal:cold:{tag}", prompt_tokens)
+
+            async def one(url: str, prompt: str = prompt, tag: str = tag) -> tuple[float, float]:
+                c = await _timed_completion(http, url, model, prompt, 1)
+                w = await _timed_completion(http, url, model, prompt + text.text(f"cal:warm:{tag}", extra), 1)
+                return c, w
+
+            times = await asyncio.gather(*(one(u) for u in urls))
+            cold.append(statistics.median(t[0] for t in times))
+            warm.append(statistics.median(t[1] for t in times))
+        samples.append(StepSample(prompt_tokens, 0, prompt_tokens, statistics.median(cold)))
+        samples.append(StepSample(extra, 0, prompt_tokens + extra, statistics.median(warm)))
+    return samples
+
+
+def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_tokens: int = 1024,
+                         decode_tokens: int = 32, repeats: int = 3) -> list[StepSample]:
+    """Measured engine steps of live engines (see the module docstring).
+
+    Args:
+        engine_urls: engine base URLs (measured concurrently, medians across engines).
+        model: served model name.
+        text: a :class:`router.replay.WordText` for the model's tokenizer.
+        prompt_tokens: cold prompt size (tokens); keep it <= the engines' max_num_batched_tokens.
+        decode_tokens: decode steps timed per decode measurement.
+        repeats: measurements per shape (median kept).
+
+    Returns:
+        5 samples: decode steps of 1, 8, 16 sequences; a cold prefill; a cached-prefix prefill.
+
+    Raises:
+        RuntimeError: an engine answered with an error.
+    """
+    return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats))

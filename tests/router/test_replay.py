@@ -1,0 +1,141 @@
+"""router.replay: the trainer-like HTTP client of the real-engine benchmark, against a fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from router.replay import ReplayError, WordText, replay, window_summary
+from router.sim.trace import TraceRecord, TraceSession
+from router.sim.trainer import Trainer
+from tests.router.fake_engine import FakeEngine
+
+
+@pytest.fixture(scope="module")
+def word_text(model_path) -> WordText:
+    from transformers import AutoTokenizer
+
+    return WordText(AutoTokenizer.from_pretrained(model_path))
+
+
+def test_word_text_has_exact_token_counts_and_is_deterministic(word_text, model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    for n in (1, 17, 300):
+        text = word_text.text("class:agent", n)
+        assert len(tok.encode(text, add_special_tokens=False)) == n
+        assert word_text.text("class:agent", n) == text
+    assert word_text.text("class:agent", 50) != word_text.text("class:rlvr", 50)
+    assert word_text.text("k", 0) == ""
+
+
+def test_word_text_refuses_a_tokenizer_without_words():
+    class Tiny:
+        def get_vocab(self):
+            return {"a": 0, "b": 1}
+
+        def convert_tokens_to_string(self, tokens):
+            return "".join(tokens)
+
+        def encode(self, text, add_special_tokens=False):
+            return [0] * len(text)
+
+    with pytest.raises(ReplayError, match="one-token words"):
+        WordText(Tiny())
+
+
+@pytest.fixture
+def fake_engine():
+    """A fake vLLM server on its own event loop in a thread (replay() runs its own loop)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    engine = FakeEngine(delay_s=0.02, completion_tokens=3)
+    url = asyncio.run_coroutine_threadsafe(engine.start(), loop).result(10)
+    yield engine, url
+    asyncio.run_coroutine_threadsafe(engine.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def _agent(sid: str, gid: str) -> TraceSession:
+    recs = [TraceRecord(sid, "agent", k, 20 + 10 * k, 3, unit_id=sid, group_id=gid, tool_gap_s=0.05,
+                        session_end=k == 2, group_prefix_tokens=20, class_prefix_tokens=8) for k in range(3)]
+    return TraceSession(sid, "agent", sid, gid, recs)
+
+
+def _rlvr(sid: str, gid: str) -> TraceSession:
+    rec = TraceRecord(sid, "rlvr", 0, 12, 3, unit_id=sid, group_id=gid, session_end=True, group_prefix_tokens=12)
+    return TraceSession(sid, "rlvr", sid, gid, [rec])
+
+
+def test_replay_drives_sessions_like_a_trainer(fake_engine, word_text):
+    engine, url = fake_engine
+    sessions = [_agent("a0", "ga"), _agent("a1", "ga"), _agent("b0", "gb"), _agent("b1", "gb"),
+                _rlvr("r0", "gr"), _rlvr("r1", "gr"), _rlvr("s0", "gs"), _rlvr("s1", "gs")]
+    res = replay(url, "fake-model", sessions, {"agent": 1, "rlvr": 1}, ceiling=2, duration_s=60,
+                 text=word_text, engine_urls=[url])
+    assert res.errors == []
+    # Groups alternate by deficit (ga, gr, gb); releasing stops when the agent pool is empty,
+    # so the consumed stream never departs from rho by more than a group.
+    assert res.summary["units_released"] == res.summary["units_completed"] == 6
+    assert len(res.requests) == 4 * 3 + 2
+    assert res.summary["consumed_mixture"]["agent"] == pytest.approx(4 / 6)
+
+    bodies = [(json.loads(r.body), r.headers) for r in engine.received]
+    by_session: dict[str, list] = {}
+    for body, headers in bodies:
+        by_session.setdefault(headers["X-Session-Id"], []).append((body, headers))
+    a0 = by_session["a0"]
+    assert [h.get("X-Session-End") for _, h in a0] == [None, None, "1"]
+    assert all(h["X-Workload-Class"] == "agent" and h["X-Group-Id"] == "ga" for _, h in a0)
+    # Append-only context: each turn's prompt = the previous prompt + the answer + an observation.
+    for (prev, _), (cur, _) in zip(a0, a0[1:]):
+        assert cur["prompt"].startswith(prev["prompt"] + "tok" * 3)
+        assert len(cur["prompt"]) > len(prev["prompt"]) + 9
+    # GRPO siblings share the group's prompt; outputs are forced to the trace's length.
+    assert a0[0][0]["prompt"] == by_session["a1"][0][0]["prompt"]
+    assert all(b["max_tokens"] == b["min_tokens"] == 3 and b["ignore_eos"] for b, _ in bodies)
+    # Ceiling 2 with groups of 2: the second group is released only after the first completed.
+    ends = {g: max(r.finish_s for r in res.requests if r.group_id == g) for g in ("ga", "gr")}
+    starts = {g: min(r.arrival_s for r in res.requests if r.group_id == g) for g in ("gr", "gb")}
+    assert starts["gr"] >= ends["ga"] and starts["gb"] >= ends["gr"]
+    # The recorded trace is the trace format again, with the engine's token counts.
+    recorded = {s.session_id: s for s in res.recorded_trace()}
+    assert [r.turn for r in recorded["a0"].requests] == [0, 1, 2]
+    assert recorded["a0"].requests[-1].session_end is True
+
+
+def test_replay_counts_a_failing_unit_as_failed_not_complete(fake_engine, word_text):
+    engine, url = fake_engine
+    engine.fail_status = 503
+    res = replay(url, "fake-model", [_rlvr("r0", "gr")], {"rlvr": 1}, ceiling=1, duration_s=30,
+                 text=word_text, engine_urls=[url])
+    assert res.summary["units_completed"] == 0
+    assert res.summary["units_failed"] == 1
+    assert len(res.errors) == 1 and "HTTP 503" in res.errors[0]
+
+
+def test_replay_refuses_a_non_positive_duration(word_text):
+    with pytest.raises(ReplayError, match="duration_s"):
+        replay("http://127.0.0.1:1", "m", [_rlvr("r0", "g")], {"rlvr": 1}, 1, 0, word_text, [])
+
+
+def test_window_summary_counts_only_units_completed_in_the_window():
+    from router.policies.base import InstanceMetrics
+
+    trainer = Trainer([_rlvr("r0", "g0"), _rlvr("r1", "g1")], {"rlvr": 1}, ceiling=2)
+    trainer.release(0.0)
+    trainer.complete("r0", 5.0)
+    trainer.complete("r1", 50.0)
+    c0 = [InstanceMetrics(prefix_cache_queries_total=100, prefix_cache_hits_total=10, generation_tokens_total=0)]
+    c1 = [InstanceMetrics(prefix_cache_queries_total=300, prefix_cache_hits_total=110, generation_tokens_total=600)]
+    s = window_summary(trainer, [], (0.0, 30.0), (c0, c1))
+    assert s["samples_per_min"] == pytest.approx(2.0)  # one unit in 30 s
+    assert s["prefix_hit_rate"] == pytest.approx(0.5)
+    assert s["decode_tok_s"] == pytest.approx(20.0)
+    assert s["completion_s"]["rlvr"]["p50"] == pytest.approx(5.0)

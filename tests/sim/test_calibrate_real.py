@@ -1,0 +1,25 @@
+"""router.sim.calibrate on a real vLLM engine: measured steps give a usable step-cost profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.sim.calibrate import measure_step_samples
+from tests.conftest import SERVED_NAME
+from router.sim.cost_model import fit_linear_step_cost
+
+pytestmark = pytest.mark.engine
+
+
+def test_calibration_measures_every_shape_and_fits_a_profile(real_engine_url, model_path):
+    from transformers import AutoTokenizer
+
+    from router.replay import WordText
+
+    text = WordText(AutoTokenizer.from_pretrained(model_path))
+    samples = measure_step_samples([real_engine_url], SERVED_NAME, text, prompt_tokens=256,
+                                   decode_tokens=8, repeats=1)
+    assert [(s.prefill_tokens, s.decode_seqs) for s in samples] == [(0, 1), (0, 8), (0, 16), (256, 0), (64, 0)]
+    assert all(s.step_time_s > 0 for s in samples)
+    cost = fit_linear_step_cost(samples)
+    assert cost.step_time_s(256, 0, 256) > 0 and cost.step_time_s(0, 16, 16 * 100) > 0
