@@ -76,8 +76,8 @@ FIGURES = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_to
 def cpu_classes(context_limit_tokens: int, tool_gap_share: float) -> dict[str, ClassSpec]:
     """The paper's three classes (``router.sim.workload.paper_classes``) scaled to 2 CPU cores.
 
-    Lengths are ~1/30 of Table 2's (agent request prompts p50 1,100 / p95 2,600 tokens over
-    ~6 turns instead of 38K / 103K over 70; rlvr decodes p50 300 / p95 1,000 instead of
+    Lengths are ~1/60 of Table 2's (agent request prompts p50 600 / p95 1,500 tokens over
+    ~5 turns instead of 38K / 103K over 70; rlvr decodes p50 200 / p95 700 instead of
     48K / 131K), which keeps the shape: agent = long growing prefixes with short outputs,
     rlvr = short prompts with long decode tails, rlhf in between. Tool gaps take
     ``tool_gap_share`` of an agent session's time (a sandbox command on this machine takes
@@ -86,12 +86,12 @@ def cpu_classes(context_limit_tokens: int, tool_gap_share: float) -> dict[str, C
     cap = context_limit_tokens
     return {
         "agent": ClassSpec(
-            prompt=LengthDist(150, 400, 32, cap // 4), output=LengthDist(24, 96, 1, 256), group_size=4,
-            turns="multi", input_p50=1100, input_p95=2600, turns_mean=6.0, class_prefix_tokens=256,
-            tool_gap_share=tool_gap_share, turn_time_hint_s=3.0,
+            prompt=LengthDist(100, 250, 32, cap // 4), output=LengthDist(16, 64, 1, 256), group_size=4,
+            turns="multi", input_p50=600, input_p95=1500, turns_mean=5.0, class_prefix_tokens=128,
+            tool_gap_share=tool_gap_share, turn_time_hint_s=2.0,
         ),
-        "rlhf": ClassSpec(prompt=LengthDist(80, 300, 8, 512), output=LengthDist(120, 400, 1, cap), group_size=4),
-        "rlvr": ClassSpec(prompt=LengthDist(60, 150, 8, 256), output=LengthDist(300, 1000, 1, cap), group_size=4),
+        "rlhf": ClassSpec(prompt=LengthDist(60, 200, 8, 512), output=LengthDist(80, 250, 1, cap), group_size=4),
+        "rlvr": ClassSpec(prompt=LengthDist(50, 120, 8, 256), output=LengthDist(200, 700, 1, cap), group_size=4),
     }
 
 
@@ -286,8 +286,8 @@ def main() -> None:
     parser.add_argument("--ceiling", type=int, default=32, help="the common permissive ceiling")
     parser.add_argument("--policies", default="round_robin,session_admission,misa,misa_t",
                         help="our policies to run at the permissive ceiling")
-    parser.add_argument("--kv-tokens", type=int, default=6144, help="KV cache per engine, tokens")
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--kv-tokens", type=int, default=4096, help="KV cache per engine, tokens")
+    parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--tool-gap-share", type=float, default=0.25)
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
