@@ -248,7 +248,7 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
     fig.savefig(out / "router_real.png", dpi=120)
     plt.close(fig)
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 4.5))
     for r in results:
         tl = r["timeline"]
         if not tl:
@@ -256,11 +256,16 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
         ts = [p["t_s"] for p in tl]
         ax1.plot(ts, [sum(p["kv_usage"]) / len(p["kv_usage"]) for p in tl], label=r["label"])
         ax2.plot(ts, [sum(p["completed"].values()) for p in tl], label=r["label"])
+        if any(p.get("held") is not None for p in tl):
+            ax3.plot(ts, [p.get("held") or 0 for p in tl], label=r["label"])
     ax1.set_xlabel("time (s)")
     ax1.set_ylabel("KV cache usage (mean over engines)")
     ax2.set_xlabel("time (s)")
     ax2.set_ylabel("units completed")
+    ax3.set_xlabel("time (s)")
+    ax3.set_ylabel("requests held by our router")
     ax1.legend(fontsize=7)
+    ax3.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "kv_usage.png", dpi=120)
     plt.close(fig)
@@ -361,7 +366,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) ->
                     bar.refresh()
 
                 res = replay(router.url, served, trace, MIXTURE, run.ceiling, args.minutes * 60, text, urls,
-                             seed=args.seed, progress=progress)
+                             seed=args.seed, progress=progress, router_state=run.impl == "ours")
             finally:
                 bar.close()
                 router.stop()

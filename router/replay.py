@@ -38,7 +38,7 @@ import numpy as np
 from rollout.client import SessionHeaders
 from router.policies.base import InstanceMetrics
 from router.signals import parse_engine_metrics
-from router.sim.metrics import tv_distance
+from router.sim.metrics import policy_caps, tv_distance
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
 
@@ -108,8 +108,9 @@ class ReplayResult:
         summary: the figures of :func:`window_summary` (same keys as the simulator's).
         requests: every finished request (``RequestRecord``).
         errors: one line per failed request (HTTP status and the body's start).
-        timeline: periodic engine samples (``t_s``, per-engine KV usage, running, waiting,
-            cumulative prefix hit rate) for plots.
+        timeline: periodic samples (``t_s``, per-engine KV usage, running, waiting, cumulative
+            prefix queries and hits, units completed; with ``router_state`` also ``caps`` and
+            ``held``) for plots.
     """
 
     summary: dict
@@ -208,8 +209,10 @@ class _Replay:
     """State of one replay (see :func:`replay`)."""
 
     def __init__(self, url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float],
-                 ceiling: int, text: WordText, engine_urls: Sequence[str], seed: int) -> None:
+                 ceiling: int, text: WordText, engine_urls: Sequence[str], seed: int,
+                 router_state: bool = False) -> None:
         self.url = url.rstrip("/")
+        self.router_state = router_state
         self.model = model
         self.trainer = Trainer(sessions, mixture, ceiling)
         self.text = text
@@ -278,12 +281,24 @@ class _Replay:
         self.first_done.set()
         self.release()
 
+    async def _router_sample(self) -> dict:
+        """Caps and held requests from our router's ``/state`` (empty for other routers)."""
+        if not self.router_state:
+            return {}
+        try:
+            async with self.http.get(f"{self.url}/state", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                state = await r.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return {}
+        return {"caps": policy_caps(state.get("policy") or {}), "held": state.get("held_requests")}
+
     async def sample_engines(self, period_s: float) -> None:
         while True:
             try:
                 ms = await scrape_engines(self.http, self.engine_urls)
             except ReplayError:
                 ms = None
+            router = await self._router_sample()
             if ms is not None:
                 q = sum(m.prefix_cache_queries_total for m in ms)
                 h = sum(m.prefix_cache_hits_total for m in ms)
@@ -291,7 +306,7 @@ class _Replay:
                     "t_s": self.now(), "kv_usage": [m.kv_cache_usage for m in ms],
                     "running": [m.num_requests_running for m in ms], "waiting": [m.num_requests_waiting for m in ms],
                     "prefix_queries": q, "prefix_hits": h, "completed": dict(self.trainer.completed),
-                    "in_flight_units": self.trainer.in_flight})
+                    "in_flight_units": self.trainer.in_flight, **router})
             await asyncio.sleep(period_s)
 
     async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,
@@ -325,7 +340,8 @@ class _Replay:
 
 def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float], ceiling: int,
            duration_s: float, text: WordText, engine_urls: Sequence[str], seed: int = 0,
-           progress: Callable[[float, int], None] | None = None, request_timeout_s: float = 900.0) -> ReplayResult:
+           progress: Callable[[float, int], None] | None = None, request_timeout_s: float = 900.0,
+           router_state: bool = False) -> ReplayResult:
     """Replay ``sessions`` through ``url`` for ``duration_s`` seconds of wall time.
 
     Args:
@@ -342,6 +358,8 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
         seed: sampling seed base (each request's seed derives from it, the session and turn).
         progress: called about twice a second with (elapsed s, units completed).
         request_timeout_s: per-request limit; a request past it fails its unit.
+        router_state: ``url`` is our router: sample its ``/state`` (policy caps, held
+            requests) into the timeline.
 
     Returns:
         :class:`ReplayResult`.
@@ -352,5 +370,5 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
     """
     if duration_s <= 0:
         raise ReplayError(f"duration_s must be > 0, got {duration_s}")
-    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, seed)
+    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, seed, router_state)
                        .run(duration_s, progress, request_timeout_s))
