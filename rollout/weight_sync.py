@@ -11,11 +11,11 @@ parallel: ``POST /pause`` -> ``POST /collective_rpc`` ``reload_weights(weights_p
 "Updating weights"). Each phase is timed.
 
 ``nccl`` (GPUs): the engines run with ``--worker-extension-cls
-rollout.weight_sync.NcclWeightSyncWorker``. ``NcclWeightSync.connect`` builds one NCCL
-group of trainer rank 0 plus every engine worker; a sync pauses the engines, tells them
-over ``/collective_rpc`` which tensors follow (``update_weights``), broadcasts each tensor
-from the trainer, and the workers load them with ``model.load_weights``. Untested here
-(no GPU on the development machine).
+rollout.weight_sync.NcclWeightSyncWorker`` (``WORKER_EXTENSION``). ``NcclWeightSync.connect``
+builds one NCCL group of trainer rank 0 plus every engine worker; a sync pauses the
+engines, tells them over ``/collective_rpc`` which tensors follow
+(``misa_receive_weights``), broadcasts each tensor from the trainer, and the workers load
+them with ``model.load_weights``. Not yet run on a GPU (the development machine has none).
 
 After either, the engine's prefix cache is empty, and the router is told so
 (``POST {router}/admin/reset_prefix_index`` with ``{"instance": engine_url}``) so its prefix
@@ -267,16 +267,21 @@ def _tensor_meta(named: Iterable[tuple[str, Any]]) -> list[list[Any]]:
     return [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in named]
 
 
+WORKER_EXTENSION = "rollout.weight_sync.NcclWeightSyncWorker"
+
+
 class NcclWeightSyncWorker:
     """vLLM worker extension (``--worker-extension-cls rollout.weight_sync.NcclWeightSyncWorker``).
 
     vLLM mixes this class into each GPU worker, so ``self.device`` and
     ``self.model_runner`` are the worker's. The trainer calls the methods through
-    ``POST /collective_rpc`` (string arguments only).
+    ``POST /collective_rpc`` (string arguments only). Every name here starts with
+    ``misa_``: vLLM refuses to start a worker whose class already has a name of the
+    extension (its GPU worker has its own ``update_weights`` since 0.32).
     """
 
-    def init_weight_update_group(self, master_address: str, master_port: str,
-                                 rank_offset: str, world_size: str) -> None:
+    def misa_init_weight_group(self, master_address: str, master_port: str,
+                               rank_offset: str, world_size: str) -> None:
         """Join the trainer's NCCL group as rank ``rank_offset + this worker's rank``."""
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.parallel_state import get_world_group
@@ -285,29 +290,32 @@ class NcclWeightSyncWorker:
         rank = get_world_group().rank + int(rank_offset)
         pg = StatelessProcessGroup.create(host=master_address, port=int(master_port),
                                           rank=rank, world_size=int(world_size))
-        self._weight_group = PyNcclCommunicator(pg, device=self.device)
+        self._misa_weight_group = PyNcclCommunicator(pg, device=self.device)
 
-    def update_weights(self, meta_json: str) -> None:
+    def misa_receive_weights(self, meta_json: str) -> None:
         """Receive every tensor listed in ``meta_json`` (``_tensor_meta``) from trainer
         rank 0, in order, and load each into the model."""
         import torch
 
+        model = self.model_runner.get_model()
         for name, dtype, shape in json.loads(meta_json):
             buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            self._weight_group.broadcast(buf, src=0, stream=torch.cuda.current_stream())
-            self.model_runner.model.load_weights(weights=[(name, buf)])
+            self._misa_weight_group.broadcast(buf, src=0,
+                                              stream=torch.cuda.current_stream(self.device))
+            model.load_weights(weights=[(name, buf)])
             del buf
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
 
 
 class NcclWeightSync:
-    """Trainer side of the NCCL weight sync (GPU only; untested on the CPU machine).
+    """Trainer side of the NCCL weight sync (GPU only; not yet run on a GPU).
 
     Args:
-        engine_urls: base URLs of engines started with the worker extension.
+        engine_urls: base URLs of engines started with ``--worker-extension-cls``
+            ``WORKER_EXTENSION``.
         workers_per_engine: GPU workers per engine (its tensor-parallel size).
         cfg: options (rendezvous address/port).
-        device: the trainer's CUDA device.
+        device: the trainer's CUDA device, with its index (where the learner's weights are).
     """
 
     def __init__(self, engine_urls: Sequence[str], workers_per_engine: int = 1,
@@ -337,13 +345,20 @@ class NcclWeightSync:
         addr, port = self.cfg.nccl_master_address, str(self.cfg.nccl_master_port)
         # The engines block in the rendezvous until the trainer joins: call them from threads.
         with ThreadPoolExecutor(n) as ex:
-            futs = [ex.submit(self.control.rpc, url, "init_weight_update_group",
+            futs = [ex.submit(self.control.rpc, url, "misa_init_weight_group",
                               [addr, port, str(1 + i * self.workers_per_engine), str(world)])
                     for i, url in enumerate(self.control.engine_urls)]
             pg = StatelessProcessGroup.create(host=addr, port=int(port), rank=0, world_size=world)
-            self._group = PyNcclCommunicator(pg, device=self.device)
+            group = PyNcclCommunicator(pg, device=self.device)
             for f in futs:
                 f.result()
+        if group.disabled:
+            # vLLM turns the communicator off without a word when it finds no NCCL library
+            # (or VLLM_DISABLE_PYNCCL is set); the broadcasts would then send nothing.
+            raise WeightSyncError("weight_sync.method=nccl: vLLM's NCCL communicator is "
+                                  "disabled in the trainer (no NCCL library found, or "
+                                  "VLLM_DISABLE_PYNCCL set); use http_reload")
+        self._group = group
 
     def sync(self, named_tensors: Mapping[str, Any], policy_version: int) -> SyncReport:
         """Broadcast ``named_tensors`` (e.g. ``Learner.weights_for_sync(to_cpu=False)``) to
@@ -363,12 +378,12 @@ class NcclWeightSync:
         # barrier times out and breaks instead of leaving the others waiting forever.
         done = threading.Barrier(len(self.control.engine_urls) + 1,
                                  timeout=self.cfg.request_timeout_s)
-        write = {"s": 0.0}
+        write: dict[str, Any] = {"s": 0.0, "error": None}
 
         def load(url: str) -> None:
-            # All engines must be inside update_weights before the broadcasts start.
+            # All engines must be inside misa_receive_weights before the broadcasts start.
             with ThreadPoolExecutor(1) as ex:
-                fut = ex.submit(self.control.rpc, url, "update_weights", [meta])
+                fut = ex.submit(self.control.rpc, url, "misa_receive_weights", [meta])
                 try:
                     done.wait()
                 except threading.BrokenBarrierError:
@@ -382,10 +397,15 @@ class NcclWeightSync:
             except threading.BrokenBarrierError:
                 return
             tb = time.perf_counter()
-            for _, t in items:
-                self._group.broadcast(t.to(self.device).contiguous(), src=0,
-                                      stream=torch.cuda.current_stream())
-            torch.cuda.synchronize()
+            # the stream of the communicator's device, not of whatever device is current
+            stream = torch.cuda.current_stream(self._group.device)
+            try:
+                for _, t in items:
+                    self._group.broadcast(t.to(self._group.device).contiguous(), src=0,
+                                          stream=stream)
+                torch.cuda.synchronize(self._group.device)
+            except Exception as e:  # reported after the engines' calls return
+                write["error"] = e
             write["s"] = time.perf_counter() - tb
 
         sender = threading.Thread(target=broadcast, name="nccl-broadcast")
@@ -394,6 +414,8 @@ class NcclWeightSync:
             timings = self.control.update_all(load)
         finally:
             sender.join()
+        if write["error"] is not None:
+            raise WeightSyncError(f"NCCL broadcast from the trainer failed: {write['error']}")
         router_errors = self.control.notify_router()
         return SyncReport(policy_version, write["s"], time.perf_counter() - t0, timings, router_errors)
 
@@ -403,10 +425,12 @@ class NcclWeightSync:
 
 
 def make_weight_sync(cfg: WeightSyncConfig, engine_urls: Sequence[str],
-                     workers_per_engine: int = 1) -> HttpReloadSync | NcclWeightSync:
-    """The sync of ``cfg.method`` for these engines (NCCL: call ``connect()`` next)."""
+                     workers_per_engine: int = 1,
+                     device: str = "cuda:0") -> HttpReloadSync | NcclWeightSync:
+    """The sync of ``cfg.method`` for these engines (NCCL: ``device`` is the trainer's
+    CUDA device; call ``connect()`` next)."""
     if cfg.method == "nccl":
-        return NcclWeightSync(engine_urls, workers_per_engine, cfg)
+        return NcclWeightSync(engine_urls, workers_per_engine, cfg, device=device)
     return HttpReloadSync(engine_urls, cfg)
 
 

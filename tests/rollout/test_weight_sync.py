@@ -171,3 +171,23 @@ def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, mod
         hf = learner.model.generate(torch.tensor([ids]), max_new_tokens=len(after),
                                     do_sample=False)[0, len(ids):].tolist()
     assert hf[:6] == after[:6]
+
+
+def test_worker_extension_names_cannot_collide_with_vllms_worker():
+    # vLLM refuses to start a worker whose class already has a name of the extension
+    # (its GPU worker has update_weights of its own); ours all carry a prefix.
+    from rollout.weight_sync import WORKER_EXTENSION, NcclWeightSyncWorker
+
+    names = [n for n in vars(NcclWeightSyncWorker) if not n.startswith("__")]
+    assert names and all(n.startswith("misa_") for n in names)
+    assert WORKER_EXTENSION == f"{NcclWeightSyncWorker.__module__}.{NcclWeightSyncWorker.__qualname__}"
+
+
+@pytest.mark.slow
+def test_worker_extension_has_no_name_of_vllms_gpu_worker():
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from rollout.weight_sync import NcclWeightSyncWorker
+
+    clash = [n for n in dir(NcclWeightSyncWorker) if not n.startswith("__") and hasattr(Worker, n)]
+    assert not clash
