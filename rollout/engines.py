@@ -161,6 +161,9 @@ def validate_engine_cfg(ecfg: DictConfig) -> None:
     for key in ("enforce_eager", "kv_events"):
         if not isinstance(ecfg.get(key), bool):
             raise bad(key, "use true or false")
+    v = ecfg.get("request_timeout_s")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+        raise bad("request_timeout_s", "give seconds > 0, or null for the router's default")
     if not 0 < float(ecfg.gpu_memory_utilization) <= 1:
         raise bad("gpu_memory_utilization", "give a fraction in (0, 1]")
 

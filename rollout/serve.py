@@ -76,7 +76,8 @@ class ServingStack:
             t2 = time.monotonic()
             self.router = start_router(
                 self.cfg.router, self.engines.urls, self.engines.kv_events_endpoints,
-                self.model_path, self.log_dir)
+                self.model_path, self.log_dir,
+                request_timeout_s=self.cfg.engine.get("request_timeout_s"))
             self.timings_s["router_s"] = time.monotonic() - t2
         except BaseException:
             self.stop()

@@ -70,12 +70,15 @@ def router_argv(
     model_path: str | None,
     port: int,
     extra_overrides: Sequence[str] = (),
+    request_timeout_s: float | None = None,
 ) -> list[str]:
     """The command line that starts the router described by ``router_cfg`` on ``port``.
 
     ``router_cfg`` is a ``recipes/router/<name>.yaml`` (as a mapping): ``impl`` (``ours``
     or ``vllm``), ``policy``, ``params``, and for ``vllm`` the cache_aware thresholds.
     ``extra_overrides`` are further Hydra overrides for ours (``signals.scrape_interval_s=1``).
+    ``request_timeout_s``: longest wait for one engine answer (``engine.request_timeout_s``);
+    None = the router's own default.
 
     Raises:
         RouterConfigError: unknown ``impl``, or ``vllm-router`` not installed.
@@ -83,6 +86,8 @@ def router_argv(
     impl = router_cfg.get("impl", "ours")
     urls = [u.rstrip("/") for u in engine_urls]
     if impl == "vllm":
+        timeout = ([] if request_timeout_s is None
+                   else ["--request-timeout-secs", str(max(1, round(float(request_timeout_s))))])
         return [
             _vllm_router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
             "--policy", "cache_aware",
@@ -93,6 +98,7 @@ def router_argv(
             "--max-tree-size", str(router_cfg["max_tree_size"]),
             # Its own Prometheus port defaults to a fixed 29000: take a free one per router.
             "--prometheus-port", str(free_port()),
+            *timeout,
         ]
     if impl != "ours":
         raise RouterConfigError(f"router impl {impl!r} is unknown; use 'ours' or 'vllm'")
@@ -106,6 +112,8 @@ def router_argv(
     ]
     # Policy options are not in the recipe's empty params: add them with '++'.
     argv += [f"++router.params.{k}={_hydra_value(v)}" for k, v in dict(router_cfg.get("params") or {}).items()]
+    if request_timeout_s is not None:
+        argv.append(f"engines.request_timeout_s={float(request_timeout_s)}")
     return argv + list(extra_overrides)
 
 
@@ -118,6 +126,7 @@ def start_router(
     port: int | None = None,
     timeout_s: float = 60.0,
     extra_overrides: Sequence[str] = (),
+    request_timeout_s: float | None = None,
 ) -> RouterHandle:
     """Start the router (ours or vllm-router) in front of ``engine_urls`` and wait until healthy.
 
@@ -131,6 +140,7 @@ def start_router(
         port: port to serve on; None = a free one.
         timeout_s: how long to wait for ``/health``.
         extra_overrides: more Hydra overrides for ours.
+        request_timeout_s: longest wait for one engine answer; None = the router's default.
 
     Raises:
         RouterConfigError: bad ``router_cfg``.
@@ -145,7 +155,8 @@ def start_router(
     except ImportError:
         pass
     port = port or free_port()
-    argv = router_argv(router_cfg, engine_urls, kv_event_endpoints, model_path, port, extra_overrides)
+    argv = router_argv(router_cfg, engine_urls, kv_event_endpoints, model_path, port, extra_overrides,
+                       request_timeout_s)
     url = f"http://127.0.0.1:{port}"
     kind = router_cfg.get("impl", "ours")
     # Both serve /health: ours always, vllm-router once its workers answered theirs.

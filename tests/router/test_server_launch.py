@@ -87,3 +87,14 @@ def test_cfg_job_prints_resolved_config():
     assert run.returncode == 0
     cfg = OmegaConf.create(run.stdout)
     assert cfg.router.policy == "round_robin" and cfg.signals.scrape_interval_s == 0.5
+
+
+def test_engine_request_timeout_reaches_either_router():
+    cfg = OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
+    argv = router_argv(cfg, ["http://a:1"], [], None, port=9000, request_timeout_s=7200)
+    assert dict(zip(argv, argv[1:]))["--request-timeout-secs"] == "7200"
+    assert "--request-timeout-secs" not in router_argv(cfg, ["http://a:1"], [], None, port=9000)
+    ours = {"impl": "ours", "policy": "misa_t", "params": {}}
+    assert "engines.request_timeout_s=7200.0" in router_argv(ours, ["http://a:1"], [], None, 9000,
+                                                              request_timeout_s=7200)
+    assert not any("request_timeout" in a for a in router_argv(ours, ["http://a:1"], [], None, 9000))
