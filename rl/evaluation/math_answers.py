@@ -13,14 +13,14 @@ the training source (``ArithmeticSource(split="train")``) never draws from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from rl.data.arithmetic import HOLDOUT_BUCKETS, ArithmeticSource, is_heldout_arithmetic
 from rl.data.base import DataError, Prompt
-from rl.data.gsm8k import GSM8KSource
+from rl.data.gsm8k import gsm8k_prompt, iter_gsm8k_file, load_gsm8k_hub, looks_like_hub_id
 from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
                                 SampleResult, draw_chat, sample_key)
 from rollout.client import ClientError
@@ -34,15 +34,18 @@ class MathBenchmark:
         name: benchmark name in results.
         prompts: the problems (``Prompt.reference`` holds the gold answer).
         workload_class: X-Workload-Class of the samples' requests.
+        broken: problems that could not be read (``error`` set): counted and reported as
+            errors, never sampled.
     """
 
     name: str
     prompts: list[Prompt]
     workload_class: str = "rlvr"
+    broken: list[EvalProblem] = field(default_factory=list)
 
     async def problems(self) -> list[EvalProblem]:
-        """One problem per prompt; ``payload`` is the prompt's dict."""
-        return [EvalProblem(p.prompt_id, p.to_dict()) for p in self.prompts]
+        """One problem per prompt (``payload`` is the prompt's dict), then the broken ones."""
+        return [EvalProblem(p.prompt_id, p.to_dict()) for p in self.prompts] + list(self.broken)
 
     async def aclose(self) -> None:
         """Nothing to release."""
@@ -67,28 +70,49 @@ class MathBenchmark:
                             detail={"gold": prompt.reference})
 
 
-def gsm8k_benchmark(path: str | Path, limit: int | None = None,
-                    workload_class: str = "rlvr") -> MathBenchmark:
-    """GSM8K test problems from ``path`` (a JSONL file, or a folder holding ``test.jsonl``).
+def gsm8k_benchmark(path: str | Path, limit: int | None = None, workload_class: str = "rlvr",
+                    split: str = "test", hub_config: str | None = "main") -> MathBenchmark:
+    """GSM8K problems from a JSONL file, a folder holding ``<split>.jsonl``, or the hub.
 
     Args:
-        path: file or folder.
+        path: file, folder, or a hub dataset id such as ``openai/gsm8k`` when no such
+            path exists (``rl.data.gsm8k.looks_like_hub_id``; needs ``datasets`` and a
+            network or its cache).
         limit: first ``limit`` problems only (None = all).
         workload_class: X-Workload-Class of the samples' requests.
+        split: the split (``test``): the file name looked up in a folder, the hub split.
+        hub_config: configuration of a hub dataset (``main`` for openai/gsm8k).
+
+    Returns:
+        The benchmark; a malformed line of a JSONL file is a problem with its error
+        (named ``gsm8k/<split>/<i>`` like the others, the message giving the line), so
+        it is counted and reported while the other problems run.
 
     Raises:
-        EvalError: the file is missing or malformed (the message names the line).
+        EvalError: the file is missing or holds no records, or the hub dataset cannot be
+            loaded (offline, ``datasets`` missing): the message says what to pass instead.
     """
-    p = Path(path).expanduser()
+    spec = str(path)
+    p = Path(spec).expanduser()
     if p.is_dir():
-        p = p / "test.jsonl"
+        p = p / f"{split}.jsonl"
     try:
-        source = GSM8KSource(str(p), split="test")
+        if not p.exists() and looks_like_hub_id(spec):
+            items = list(load_gsm8k_hub(spec, hub_config, split))
+        else:
+            items = [row for _lineno, row in iter_gsm8k_file(p)]
     except DataError as e:
-        raise EvalError(f"gsm8k benchmark: {e}. Download GSM8K's test split as JSONL "
-                        "(question/answer per line) and set eval.benchmarks.gsm8k.path.") from None
-    count = len(source) if limit is None else min(limit, len(source))
-    return MathBenchmark("gsm8k", [source.prompt(i) for i in range(count)], workload_class)
+        raise EvalError(f"gsm8k benchmark (eval.benchmarks.gsm8k.path): {e}") from None
+    if not items:
+        raise EvalError(f"gsm8k benchmark: {p} holds no records (eval.benchmarks.gsm8k.path).")
+    prompts, broken = [], []
+    for i, row in enumerate(items[:limit] if limit is not None else items):
+        pid = f"gsm8k/{split}/{i}"
+        if isinstance(row, DataError):
+            broken.append(EvalProblem(pid, error=f"gsm8k problem {pid}: {row}"))
+        else:
+            prompts.append(gsm8k_prompt(*row, prompt_id=pid))
+    return MathBenchmark("gsm8k", prompts, workload_class, broken)
 
 
 def arithmetic_heldout_benchmark(num_problems: int, seed: int = 0, levels=(1, 2, 3, 4, 5),

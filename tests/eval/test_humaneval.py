@@ -82,3 +82,13 @@ def test_unknown_task_id_and_missing_file_are_eval_errors(tmp_path):
         HumanEvalBenchmark(task_ids=["HumanEval/9999"])
     with pytest.raises(EvalError, match="does not exist"):
         HumanEvalBenchmark(problems_path=str(tmp_path / "none.jsonl"))
+
+
+async def test_line_that_is_not_json_is_an_error_problem_and_the_rest_are_listed(tmp_path):
+    path = tmp_path / "he.jsonl"
+    good = {"task_id": "X/1", "prompt": "def f():\n", "test": "def check(c): pass", "entry_point": "f"}
+    path.write_text(json.dumps(good) + "\n{cut off\n[1, 2]\n" + json.dumps({**good, "task_id": "X/2"}) + "\n")
+    problems = await HumanEvalBenchmark(problems_path=str(path)).problems()
+    assert [(p.problem_id, bool(p.error)) for p in problems] == [
+        ("X/1", False), ("row-1", True), ("row-2", True), ("X/2", False)]
+    assert "he.jsonl:2: not JSON" in problems[1].error and "not a JSON object" in problems[2].error

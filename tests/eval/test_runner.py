@@ -110,16 +110,35 @@ def test_k_outside_1_to_n_is_refused(n, ks):
         EvalSettings(n=n, ks=ks)
 
 
-def test_gsm8k_reads_a_folder_and_names_a_bad_line(tmp_path):
+def test_gsm8k_reads_a_folder_and_a_bad_line_is_an_error_problem_not_a_stop(tmp_path):
     good = {"question": "Tom has 3 apples and buys 2. How many?", "answer": "3 + 2 = 5\n#### 5"}
     (tmp_path / "test.jsonl").write_text(json.dumps(good) + "\n")
     [p] = gsm8k_benchmark(tmp_path).prompts
     assert p.reference == "5" and "\\boxed" in p.messages[-1]["content"]
     (tmp_path / "test.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({"question": "x"}) + "\n")
-    with pytest.raises(EvalError, match=":2:"):
-        gsm8k_benchmark(tmp_path)
+    bench = gsm8k_benchmark(tmp_path)
+    assert [p.prompt_id for p in bench.prompts] == ["gsm8k/test/0"]
+    [bad] = bench.broken
+    assert bad.problem_id == "gsm8k/test/1" and ":2:" in bad.error
     with pytest.raises(EvalError, match="does not exist"):
         gsm8k_benchmark(tmp_path / "missing")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(EvalError, match="no records"):
+        gsm8k_benchmark(tmp_path / "empty.jsonl")
+
+
+def test_malformed_gsm8k_line_is_counted_as_an_error_while_the_rest_run(fake_model, tmp_path):
+    good = {"question": "What is 2 + 3?", "answer": "#### 5"}
+    path = tmp_path / "test.jsonl"
+    path.write_text(json.dumps(good) + "\n{not json\n" + json.dumps(good) + "\n")
+    fake_model.answers = lambda _text, _s: "\\boxed{5}"
+    report = evaluate([gsm8k_benchmark(path)], fake_model.url, "fake", EvalSettings(n=1), tmp_path / "out",
+                      progress=False)["gsm8k"]
+    assert report["num_scored"] == 2 and report["num_errors"] == 1
+    assert report["metrics"]["pass@1"]["mean"] == 1.0
+    [err] = [p for p in report["problems"] if p["status"] == "error"]
+    assert err["problem_id"] == "gsm8k/test/1" and "test.jsonl:2" in err["errors"][0]
+    assert len(fake_model.chat_requests) == 2
 
 
 def test_arithmetic_heldout_split_is_fixed_distinct_and_from_its_bucket():
