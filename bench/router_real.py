@@ -58,7 +58,7 @@ from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from rollout.process import ProcessStartError
 from router.launch import start_router
-from router.policies import make_policy
+from router.policies import make_policy, registered_policy_names
 from router.replay import ReplayError, WordText, replay, scrape_engines
 from router.sim.calibrate import measure_step_samples
 from router.sim.cost_model import fit_linear_step_cost
@@ -109,7 +109,10 @@ class RouterRun:
     def router_cfg(self) -> dict:
         """The ``router`` config group for :func:`router.launch.start_router`."""
         name = "vllm" if self.impl == "vllm" else self.policy.replace("_", "-")
-        cfg = OmegaConf.to_container(OmegaConf.load(RECIPES / "router" / f"{name}.yaml"))
+        path = RECIPES / "router" / f"{name}.yaml"
+        # Policies without a recipe of their own (aimd, tool_pause) run with their defaults.
+        cfg = (OmegaConf.to_container(OmegaConf.load(path)) if path.exists()
+               else {"impl": "ours", "policy": self.policy, "params": {}})
         cfg["params"] = {**(cfg.get("params") or {}), **self.params}
         return cfg
 
@@ -303,6 +306,9 @@ def main() -> None:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.minutes <= 0 or args.ceiling < 1 or args.kv_tokens < 256:
         raise SystemExit("--minutes must be > 0, --ceiling >= 1 and --kv-tokens >= 256")
+    unknown = [p for p in policies if p not in registered_policy_names()]
+    if unknown:
+        raise SystemExit(f"--policies: unknown {unknown}; valid: {', '.join(registered_policy_names())}")
     try:
         runs = plan_runs(sweep, args.ceiling, policies)
         for r in runs:

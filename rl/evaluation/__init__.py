@@ -3,7 +3,8 @@
 Public API: ``evaluate`` / ``evaluate_async`` and ``EvalSettings`` (``runner``); the
 benchmarks ``SweBenchmark`` (``swe``), ``HumanEvalBenchmark`` (``humaneval``),
 ``gsm8k_benchmark`` and ``arithmetic_heldout_benchmark`` (``math_answers``); ``EvalError``.
-The estimators live in ``rl.passk``; the command line in ``rl.eval``.
+SWE patches are graded in the sandbox (``swe``) or by the official SWE-bench harness
+(``swebench_harness``). The estimators live in ``rl.passk``; the command line in ``rl.eval``.
 """
 
 from rl.evaluation.base import EvalError, EvalProblem, SampleResult

@@ -4,7 +4,10 @@ A benchmark lists its problems (a malformed one is listed too, carrying its ``er
 it is counted and reported instead of stopping the run) and turns one (problem, sample
 index) into one graded ``SampleResult``. Grading never raises for what the model wrote:
 a wrong or unrunnable answer is a ``fail``; ``error`` is kept for what is not the model's
-fault (the model endpoint or the sandbox failed, the instance is broken).
+fault (the model endpoint or the sandbox failed, the instance is broken). A benchmark that
+grades in one batch after sampling (SWE with the official harness) records its samples as
+``ungraded`` first and grades them in ``grade_pending``; an ungraded sample is never
+counted in a figure.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from typing import Any, Protocol
 from rollout.client import RolloutClient, SessionHeaders
 
 PASS, FAIL, ERROR = "pass", "fail", "error"
-"""The three outcomes of one sample."""
+"""The three outcomes of one graded sample."""
+
+UNGRADED = "ungraded"
+"""A sample drawn but not yet graded (graded later in one batch; not final, never counted)."""
 
 
 class EvalError(ValueError):
@@ -47,7 +53,7 @@ class SampleResult:
         benchmark: the benchmark's name.
         problem_id: the problem.
         sample_index: 0..n-1.
-        outcome: ``pass``, ``fail`` or ``error``.
+        outcome: ``pass``, ``fail`` or ``error`` (``ungraded`` until a batch grader ran).
         answer: what the model produced that was graded (completion text or patch).
         detail: grading details (extracted answer, test outcomes, episode status, ...).
         error: message when ``outcome == "error"``.
@@ -78,7 +84,7 @@ class SampleResult:
             KeyError, TypeError, ValueError: a field is missing or malformed.
         """
         outcome = str(d["outcome"])
-        if outcome not in (PASS, FAIL, ERROR):
+        if outcome not in (PASS, FAIL, ERROR, UNGRADED):
             raise ValueError(f"unknown outcome {outcome!r}")
         return cls(str(d["benchmark"]), str(d["problem_id"]), int(d["sample_index"]), outcome,
                    str(d.get("answer", "")), dict(d.get("detail") or {}), str(d.get("error", "")))

@@ -4,8 +4,10 @@ Resumability: every graded sample is appended, as one JSON line keyed by
 ``<benchmark>/<problem_id>#<sample_index>``, to ``samples.jsonl`` and flushed at once. On
 start the file is read back and those keys are not sampled again; a line cut short by a
 kill is skipped (that sample is simply drawn again). A key holds one result, so nothing
-is counted twice: the first pass/fail record of a key wins; an ``error`` record is
-replaced by a later record of the same key when errored samples are retried.
+is counted twice: the first pass/fail record of a key wins; an ``ungraded`` record (drawn,
+to be graded in a batch) is replaced by its graded record, and is not drawn again; an
+``error`` record is replaced by a later record of the same key when errored samples are
+retried.
 
 Report: per benchmark, pass@k and pass^k for each k with their 95% intervals over
 problems (``rl.passk``), counts of scored and errored problems, and every per-problem
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from rl.evaluation.base import ERROR, PASS, EvalError, EvalProblem, SampleResult, sample_key
+from rl.evaluation.base import (ERROR, PASS, UNGRADED, EvalError, EvalProblem, SampleResult,
+                                sample_key)
 from rl.passk import summarize
 
 log = logging.getLogger("rl.eval")
@@ -67,13 +70,17 @@ class ResultsLog:
                 if self._replaceable(result.key):
                     self.results[result.key] = result
 
-    def _replaceable(self, key: str) -> bool:
-        old = self.results.get(key)
+    def _redraw(self, old: SampleResult | None) -> bool:
         return old is None or (self.replace_errors and old.outcome == ERROR)
 
+    def _replaceable(self, key: str) -> bool:
+        old = self.results.get(key)
+        return self._redraw(old) or old.outcome == UNGRADED
+
     def has(self, benchmark: str, problem_id: str, sample_index: int) -> bool:
-        """True when that sample is finished (an error counts only without ``replace_errors``)."""
-        return not self._replaceable(sample_key(benchmark, problem_id, sample_index))
+        """True when that sample is drawn (an error counts only without ``replace_errors``;
+        an ungraded sample counts: it is graded, not drawn again)."""
+        return not self._redraw(self.results.get(sample_key(benchmark, problem_id, sample_index)))
 
     def append(self, result: SampleResult) -> None:
         """Record one finished sample (ignored when its key already holds a final result)."""
@@ -148,18 +155,23 @@ def summarize_problems(problems: Iterable[EvalProblem], results: dict[str, Sampl
 
     A problem counts as an error (left out of pass@k, listed with its messages) when it
     is malformed, when one of its samples errored, or when fewer than ``n`` samples are
-    finished (an interrupted run): a figure is never made from part of a problem's samples.
+    finished or graded (an interrupted run): a figure is never made from part of a
+    problem's samples.
     """
     out = []
     for p in problems:
         if p.error:
             out.append(ProblemSummary(p.problem_id, 0, 0, (p.error,)))
             continue
-        done = [results[k] for i in range(n)
-                if (k := sample_key(benchmark, p.problem_id, i)) in results]
+        drawn = [results[k] for i in range(n)
+                 if (k := sample_key(benchmark, p.problem_id, i)) in results]
+        done = [r for r in drawn if r.outcome != UNGRADED]
         errors = tuple(f"sample {r.sample_index}: {r.error}" for r in done if r.outcome == ERROR)
-        if len(done) < n:
-            errors += (f"only {len(done)} of {n} samples finished",)
+        if len(drawn) > len(done):
+            errors += (f"{len(drawn) - len(done)} sample(s) drawn but not graded yet "
+                       "(rerun on the same eval.out_dir to grade them)",)
+        if len(drawn) < n:
+            errors += (f"only {len(drawn)} of {n} samples finished",)
         graded = [r for r in done if r.outcome != ERROR]
         out.append(ProblemSummary(p.problem_id, len(graded), sum(r.outcome == PASS for r in graded),
                                   errors))

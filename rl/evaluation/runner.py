@@ -9,7 +9,8 @@ trainer passes its own router URL every N iterations)::
 
 Samples run concurrently (``EvalSettings.concurrency``), each finished one is appended to
 ``<out_dir>/samples.jsonl`` at once, and a rerun on the same folder draws only what is
-missing (``rl.evaluation.results``).
+missing (``rl.evaluation.results``). Samples a benchmark records ``ungraded`` (SWE with
+the official harness) are graded after sampling by its ``grade_pending`` and appended too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from rl.evaluation.base import ERROR, Benchmark, EvalError, EvalProblem, SampleContext, SampleResult
+from rl.evaluation.base import (ERROR, UNGRADED, Benchmark, EvalError, EvalProblem, SampleContext,
+                                SampleResult)
 from rl.evaluation.results import (ResultsLog, benchmark_report, check_settings, markdown_table,
                                    plot_passk, summarize_problems)
 from rl.evaluation.swe import SweBenchmark, write_predictions
@@ -70,6 +72,14 @@ class EvalSettings:
                             "(pass@k needs k samples); raise eval.n or drop those k.")
         if self.concurrency < 1:
             raise EvalError(f"eval.concurrency={self.concurrency}: must be >= 1.")
+        if self.temperature < 0:
+            raise EvalError(f"eval.temperature={self.temperature}: must be >= 0.")
+        if not 0 < self.top_p <= 1:
+            raise EvalError(f"eval.top_p={self.top_p}: must be in (0, 1].")
+        if self.max_tokens < 1:
+            raise EvalError(f"eval.max_tokens={self.max_tokens}: must be >= 1.")
+        if self.request_timeout_s <= 0:
+            raise EvalError(f"eval.request_timeout_s={self.request_timeout_s}: must be > 0.")
 
     def sampling(self) -> dict[str, Any]:
         """The settings that change what a sample is (a results folder is tied to them)."""
@@ -117,6 +127,8 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
                 results.append(result)
                 bar.update(1)
                 bar.set_postfix_str(f"{result.benchmark} {result.outcome}")
+            for b in benchmarks:
+                await _grade_pending(b, results, model, out, settings.run_id)
         finally:
             bar.close()
             await client.aclose()
@@ -129,10 +141,40 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
             if isinstance(b, SweBenchmark):
                 report[b.name]["predictions"] = [
                     str(p) for p in write_predictions(results.results.values(), model, out, b.name)]
+                report[b.name]["grader"] = b.grader
+                report[b.name]["graded_by"] = graded_by(results.results.values(), b.name)
     write_report(report, settings, model, out)
     if tmp is not None:
         tmp.cleanup()
     return report
+
+
+async def _grade_pending(bench: Benchmark, results: ResultsLog, model: str, out: Path,
+                         run_id: str) -> None:
+    """Grade the benchmark's ``ungraded`` samples (its ``grade_pending``) and record them."""
+    pending = [r for r in results.results.values()
+               if r.benchmark == bench.name and r.outcome == UNGRADED]
+    grade = getattr(bench, "grade_pending", None)
+    if not pending or grade is None:
+        return
+    log.info("%s: grading %d drawn samples", bench.name, len(pending))
+    try:
+        graded = await grade(pending, model, out, run_id)
+    except Exception as e:  # a grader that breaks makes its samples errors, not the run stop
+        log.warning("%s: grading failed: %s: %s", bench.name, type(e).__name__, e)
+        graded = [SampleResult(r.benchmark, r.problem_id, r.sample_index, ERROR, r.answer, r.detail,
+                               f"grading failed: {type(e).__name__}: {e}") for r in pending]
+    for r in graded:
+        results.append(r)
+
+
+def graded_by(results, benchmark: str) -> dict[str, int]:
+    """How many samples of ``benchmark`` each grader graded (``detail["grader"]``)."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.benchmark == benchmark and r.outcome != UNGRADED and "grader" in r.detail:
+            counts[r.detail["grader"]] = counts.get(r.detail["grader"], 0) + 1
+    return counts
 
 
 def write_report(report: dict[str, dict[str, Any]], settings: EvalSettings, model: str,
@@ -164,7 +206,8 @@ def evaluate(benchmarks: Sequence[Benchmark], router_url: str, model: str,
     Returns:
         benchmark name -> ``results.benchmark_report`` dict (``metrics`` with pass@k and
         pass^k for each k and their 95% intervals, ``num_scored``, ``num_errors``,
-        ``problems``; ``predictions`` files for SWE benchmarks).
+        ``problems``; for SWE benchmarks ``predictions`` files, ``grader`` (this run's) and
+        ``graded_by`` (samples per grader, when a results folder was continued with another)).
 
     Raises:
         EvalError: bad settings, a benchmark file missing, or ``out_dir`` holding results

@@ -18,9 +18,15 @@ that the official harness can grade them where Docker exists:
     python -m swebench.harness.run_evaluation --dataset_name <instances.jsonl> \\
         --predictions_path <out_dir>/swe_predictions.sample0.jsonl --run_id eval0
 
+With ``grader="swebench"`` the official harness grades instead (``rl.evaluation.swebench_harness``):
+each episode's patch is recorded ``ungraded``, and after sampling ``grade_pending`` runs the
+harness on them and reads its report back into per-sample results.
+
 Before sampling, each instance is checked on its unchanged snapshot: PASS_TO_PASS tests
 must pass and FAIL_TO_PASS tests must not all pass already; an instance whose tests do not
-run is reported as an error, never as a failed or passed sample.
+run is reported as an error, never as a failed or passed sample. (Not with the official
+harness: SWE-bench repositories' tests need their Docker environment to run; the harness
+reports an instance whose environment fails as an error itself.)
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from agents.chat import ChatFormat, ChatRenderer, Tokenizer
 from agents.envs.task import Task, TaskError, TestReport, evaluate
 from agents.loop import EpisodeConfig, run_episode
 from rollout.client import ModelClient, SessionHeaders
-from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
-                                SampleResult, sample_key, sample_seed)
+from rl.evaluation.base import (ERROR, FAIL, PASS, UNGRADED, EvalError, EvalProblem,
+                                SampleContext, SampleResult, sample_key, sample_seed)
+from rl.evaluation.swebench_harness import HarnessSettings, grade_with_harness
 from sandbox import Limits, SandboxError, Workspace
 
 _LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
@@ -196,10 +203,15 @@ class SweBenchmark:
         chat_format: the model's chat template pieces.
         snapshots_dir: folder of ``<instance_id>/`` snapshots for rows without one.
         limit: first ``limit`` instances only (None = all).
-        validate: check each instance's tests on its unchanged snapshot first.
-        validate_concurrency: instances checked at once.
+        validate: check each instance's tests on its unchanged snapshot first (local
+            grader only).
+        validate_concurrency: instances checked (and, in ``grade_pending``, patches
+            graded) at once.
         model_timeout_s, model_retries: per model call.
         workload_class: X-Workload-Class of the episodes' requests.
+        grader: ``local`` (the resolved rule in the sandbox, per sample) or ``swebench``
+            (the official harness, in one batch after sampling; ``choose_grader`` picks).
+        harness: how the official harness is run.
 
     Raises:
         EvalError (from ``problems``): the file does not exist.
@@ -216,18 +228,24 @@ class SweBenchmark:
     model_timeout_s: float = 600.0
     model_retries: int = 2
     workload_class: str = "agent"
+    grader: str = "local"
+    harness: HarnessSettings = field(default_factory=HarnessSettings)
     name: str = "swe"
 
     def __post_init__(self) -> None:
+        if self.grader not in ("local", "swebench"):
+            raise EvalError(f"swe benchmark: grader {self.grader!r} is neither local nor swebench")
         self.renderer = ChatRenderer(self.tokenizer, self.chat_format)
         self._http: httpx.AsyncClient | None = None
+        self._problems: dict[str, EvalProblem] = {}
 
     async def problems(self) -> list[EvalProblem]:
         """Instances in file order, each checked (``validate``) on its snapshot."""
         problems = load_instances(self.path, self.snapshots_dir)
         if self.limit is not None:
             problems = problems[: self.limit]
-        if not self.validate:
+        self._problems = {p.problem_id: p for p in problems}
+        if not self.validate or self.grader == "swebench":
             return problems
         sem = asyncio.Semaphore(self.validate_concurrency)
 
@@ -269,6 +287,8 @@ class SweBenchmark:
                 f"instance {problem.problem_id}: the first prompt ({len(episode.prompt_token_ids)} "
                 f"tokens) leaves no room under max_context_tokens="
                 f"{self.episode.limits.max_context_tokens}; raise eval.agent.episode.limits."))
+        if self.grader == "swebench":  # graded in one batch by grade_pending
+            return SampleResult(**result, outcome=UNGRADED, detail=detail)
         test_patch = problem.payload.get("test_patch", "")
         if not test_patch:  # the episode's own reward is the resolved rule on the same tree
             resolved, grading = episode.reward > 0, {"test_outcomes": episode.test_outcomes}
@@ -278,7 +298,50 @@ class SweBenchmark:
                                                       self.episode.isolation, self.episode.test_limits)
             except SandboxError as e:
                 return SampleResult(**result, outcome=ERROR, detail=detail, error=str(e))
-        return SampleResult(**result, outcome=PASS if resolved else FAIL, detail={**detail, **grading})
+        return SampleResult(**result, outcome=PASS if resolved else FAIL,
+                            detail={**detail, **grading, "grader": "local"})
+
+    async def grade_pending(self, pending: list[SampleResult], model: str, out_dir: Path,
+                            run_id: str) -> list[SampleResult]:
+        """Grade samples recorded ``ungraded`` (their ``answer`` is the episode's patch).
+
+        With ``grader="swebench"`` the official harness grades them (one run per sample
+        index, ``rl.evaluation.swebench_harness``); with ``local`` (a results folder
+        started with the harness, continued without it) the resolved rule runs here.
+
+        Args:
+            pending: the ungraded results of this benchmark.
+            model: the served model name (the predictions' ``model_name_or_path``).
+            out_dir: the results folder.
+            run_id: the evaluation's run id (the harness run ids derive from it).
+
+        Returns:
+            One graded result per pending one.
+        """
+        if self.grader == "swebench":
+            return await grade_with_harness(pending, model, out_dir, run_id,
+                                            self.harness.dataset_name or str(self.path), self.harness)
+        sem = asyncio.Semaphore(self.validate_concurrency)
+
+        async def local(r: SampleResult) -> SampleResult:
+            base = dict(benchmark=r.benchmark, problem_id=r.problem_id,
+                        sample_index=r.sample_index, answer=r.answer)
+            problem = self._problems.get(r.problem_id)
+            if problem is None or problem.error:
+                return SampleResult(**base, outcome=ERROR, detail=r.detail, error=(
+                    f"instance {r.problem_id}: " + (problem.error if problem else
+                                                    "no longer in the instances file")))
+            async with sem:
+                try:
+                    resolved, grading = await grade_patch(
+                        task_of(problem), r.answer, problem.payload.get("test_patch", ""),
+                        self.episode.isolation, self.episode.test_limits)
+                except SandboxError as e:
+                    return SampleResult(**base, outcome=ERROR, detail=r.detail, error=str(e))
+            return SampleResult(**base, outcome=PASS if resolved else FAIL,
+                                detail={**r.detail, **grading, "grader": "local"})
+
+        return list(await asyncio.gather(*(local(r) for r in pending)))
 
     async def aclose(self) -> None:
         """Close the HTTP client of the episodes (a new one is made on the next sample)."""
