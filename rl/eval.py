@@ -6,32 +6,45 @@
     python -m rl.eval eval.benchmarks.swe.path=swebench_lite.jsonl \\
         eval.benchmarks.swe.snapshots_dir=/data/checkouts eval.benchmarks.gsm8k.enabled=false
 
-It starts the serving stack of the config (the same model, engine and router groups as
-training) unless ``eval.router_url`` is given, runs ``rl.evaluation.evaluate``, prints
-the markdown table, and writes everything to ``eval.out_dir``; rerunning with the same
-``eval.out_dir`` continues a killed evaluation. With ``eval.wandb.run`` set, the figures
-are logged to wandb (offline unless WANDB_MODE says otherwise).
+Every value of the ``eval`` section is checked first (``check_config``): a bad one (a
+missing file, k > n, a URL that is no URL, an unknown benchmark) is one message naming
+its key and exit code 1, before any engine starts. A given ``eval.router_url`` must
+answer (and serve the model) before sampling starts. Then it starts the serving stack
+of the config (the same model, engine and router groups as training) unless
+``eval.router_url`` is given, runs ``rl.evaluation.evaluate``, prints the markdown table,
+and writes everything to ``eval.out_dir``; rerunning with the same ``eval.out_dir``
+continues a killed evaluation. An evaluation in which no problem could be scored (every
+one errored: the router went away, every instance is broken) exits with code 1 after
+writing its report. With ``eval.wandb.run`` set, the figures are logged to wandb
+(offline unless WANDB_MODE says otherwise). SWE patches are graded by the official
+``swebench`` harness or in the local sandbox (``eval.benchmarks.swe.grader``); the
+output says which.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from omegaconf import DictConfig, OmegaConf
+import httpx
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from agents.chat import ByteTokenizer, ChatFormat, HFTokenizer, Tokenizer
 from agents.envs.task import TaskError
 from agents.server import HANDMADE_TASKS, AgentServerError, episode_config
 from rl.config import hydra_entry, register_user_error
+from rl.data.gsm8k import looks_like_hub_id
 from rl.evaluation.base import Benchmark, EvalError
 from rl.evaluation.humaneval import HumanEvalBenchmark
 from rl.evaluation.math_answers import arithmetic_heldout_benchmark, gsm8k_benchmark
 from rl.evaluation.results import flat_metrics, markdown_table
 from rl.evaluation.runner import EvalSettings, evaluate
 from rl.evaluation.swe import SweBenchmark
+from rl.evaluation.swebench_harness import (GRADERS, GraderChoice, HarnessSettings, choose_grader,
+                                            harness_unavailable)
 from sandbox import Limits, SandboxError
 
 register_user_error(EvalError)
@@ -40,6 +53,10 @@ register_user_error(TaskError)
 register_user_error(SandboxError)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ("swe", "humaneval", "gsm8k", "arithmetic")
+"""The benchmarks under ``eval.benchmarks``."""
+
+log = logging.getLogger("rl.eval")
 
 
 def _repo_path(path: str) -> Path:
@@ -47,25 +64,194 @@ def _repo_path(path: str) -> Path:
     return p if p.is_absolute() else (REPO_ROOT / p).resolve()
 
 
+def _typed(node: DictConfig, key: str, where: str, kind: type, *, minimum: float | None = None,
+           positive: bool = False, optional: bool = False) -> Any:
+    """``node[key]`` as ``kind`` (int, float, bool or str), at least ``minimum`` (above 0
+    with ``positive``); None allowed when ``optional``.
+
+    Raises:
+        EvalError: the value has another type or is too small; the message names
+            ``<where>.<key>``.
+    """
+    name = f"{where}.{key}"
+    value = node.get(key)
+    if value is None:
+        if optional:
+            return None
+        raise EvalError(f"{name} is not set; give a value ({kind.__name__}).")
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise EvalError(f"{name}={value!r}: must be true or false.")
+        return value
+    if kind is str:
+        if not isinstance(value, str) or not value.strip():
+            raise EvalError(f"{name}={value!r}: must be a non-empty string.")
+        return value
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int and ok and float(value) != int(value):
+        ok = False
+    if not ok:
+        raise EvalError(f"{name}={value!r}: must be {'an integer' if kind is int else 'a number'}.")
+    value = kind(value)
+    if minimum is not None and value < minimum:
+        raise EvalError(f"{name}={value}: must be >= {minimum}.")
+    if positive and value <= 0:
+        raise EvalError(f"{name}={value}: must be > 0.")
+    return value
+
+
 def settings_of(cfg: DictConfig) -> EvalSettings:
     """``EvalSettings`` from the ``eval`` section.
 
     Raises:
-        EvalError: n, ks or concurrency out of range.
+        EvalError: n, ks, sampling settings or concurrency missing, of the wrong type or
+            out of range (the message names the key).
     """
     e = cfg.eval
+    ks = e.get("ks")
+    if not isinstance(ks, (list, ListConfig)) or not all(
+            isinstance(k, int) and not isinstance(k, bool) for k in ks):
+        raise EvalError(f"eval.ks={OmegaConf.to_container(ks) if isinstance(ks, ListConfig) else ks!r}: "
+                        "must be a list of integers (the budgets k), e.g. eval.ks=[1,2,4].")
+    return EvalSettings(
+        n=_typed(e, "n", "eval", int), ks=tuple(int(k) for k in ks),
+        temperature=_typed(e, "temperature", "eval", float),
+        top_p=_typed(e, "top_p", "eval", float), max_tokens=_typed(e, "max_tokens", "eval", int),
+        seed=_typed(e, "seed", "eval", int), concurrency=_typed(e, "concurrency", "eval", int),
+        retry_errors=_typed(e, "retry_errors", "eval", bool),
+        request_timeout_s=_typed(e, "request_timeout_s", "eval", float),
+        run_id=f"eval-{Path(str(e.out_dir)).parent.name or 'run'}")
+
+
+def router_url_of(cfg: DictConfig) -> str | None:
+    """``eval.router_url`` checked and normalised (no trailing ``/`` or ``/v1``); None when unset.
+
+    Raises:
+        EvalError: not an http(s) URL with a host (and a numeric port, if any).
+    """
+    raw = cfg.eval.get("router_url")
+    if raw is None:
+        return None
+    url = str(raw).strip()
+    hint = ("give the router's base URL, e.g. eval.router_url=http://127.0.0.1:8100, or leave it "
+            "null to start engines and a router here.")
     try:
-        return EvalSettings(
-            n=int(e.n), ks=tuple(int(k) for k in e.ks), temperature=float(e.temperature),
-            top_p=float(e.top_p), max_tokens=int(e.max_tokens), seed=int(e.seed),
-            concurrency=int(e.concurrency), retry_errors=bool(e.retry_errors),
-            request_timeout_s=float(e.request_timeout_s),
-            run_id=f"eval-{Path(str(e.out_dir)).parent.name or 'run'}")
-    except (TypeError, ValueError) as err:
-        if isinstance(err, EvalError):
-            raise
-        raise EvalError(f"eval settings: {err}; n, ks, max_tokens, seed and concurrency are "
-                        "integers (ks a list), temperature and top_p numbers.") from None
+        parts = urlsplit(url)
+        parts.port  # raises ValueError on a port that is no number
+    except ValueError as e:
+        raise EvalError(f"eval.router_url={raw!r} is not a valid URL ({e}); {hint}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EvalError(f"eval.router_url={raw!r} is not an http(s) URL; {hint}")
+    if parts.query or parts.fragment:
+        raise EvalError(f"eval.router_url={raw!r}: a base URL has no ?query or #fragment; {hint}")
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def check_router(url: str, model: str, timeout_s: float = 10.0) -> None:
+    """Check that a router (or engine) answers at ``url`` and serves ``model``.
+
+    Asks ``GET <url>/v1/models``. A server that answers without listing models (no such
+    route) is accepted: the samples will tell.
+
+    Raises:
+        EvalError: nothing answers (refused, unknown host, timeout), the router answers
+            that no engine behind it is healthy, or its model list lacks ``model``.
+    """
+    try:
+        r = httpx.get(f"{url}/v1/models", timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise EvalError(f"eval.router_url={url}: no router answers there ({type(e).__name__}: "
+                        f"{e or 'no detail'}). Start the stack (python -m rollout.serve) or fix the "
+                        "URL; leave eval.router_url null to start engines and a router here.") from None
+    if r.status_code in (502, 503, 504):
+        raise EvalError(f"eval.router_url={url} answers, but no engine behind it does (HTTP "
+                        f"{r.status_code} on /v1/models: {r.text[:200]}); check the engines.")
+    if r.status_code != 200:
+        log.warning("%s/v1/models answered HTTP %d; the served model name is not checked",
+                    url, r.status_code)
+        return
+    try:
+        served = [str(m["id"]) for m in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        log.warning("%s/v1/models did not list models; the served model name is not checked", url)
+        return
+    if served and model not in served:
+        raise EvalError(f"eval.router_url={url} serves {served}, not {model!r}; set "
+                        "eval.served_model_name to one of them.")
+
+
+def _check_path(value: Any, key: str, *, folder: bool) -> Path:
+    p = _repo_path(str(value))
+    if not (p.is_dir() if folder else p.is_file()):
+        raise EvalError(f"{key}={value}: {'folder' if folder else 'file'} {p} does not exist.")
+    return p
+
+
+def check_config(cfg: DictConfig) -> EvalSettings:
+    """Check every value of the ``eval`` section before anything starts.
+
+    Returns:
+        The evaluation settings (``settings_of``).
+
+    Raises:
+        EvalError: the first bad value, its key named: a type or range (n < 1, k > n,
+            negative limits), an unknown benchmark name, no benchmark enabled, a missing
+            file or folder, a malformed ``eval.router_url``, an unknown grader.
+        AgentServerError, SandboxError: a bad ``eval.agent`` or sandbox limit.
+    """
+    e = cfg.eval
+    settings = settings_of(cfg)
+    router_url_of(cfg)
+    b = e.benchmarks
+    unknown = sorted(set(map(str, b)) - set(BENCHMARKS))
+    if unknown:
+        raise EvalError(f"eval.benchmarks: unknown benchmark(s) {unknown}; the benchmarks are "
+                        f"{', '.join(BENCHMARKS)}.")
+    enabled = [name for name in BENCHMARKS if _typed(b[name], "enabled", f"eval.benchmarks.{name}", bool)]
+    if not enabled:
+        raise EvalError("no benchmark enabled; set eval.benchmarks.<name>.enabled=true for one of "
+                        f"{', '.join(BENCHMARKS)}.")
+    for name in ("swe", "humaneval", "gsm8k"):
+        _typed(b[name], "limit", f"eval.benchmarks.{name}", int, minimum=1, optional=True)
+    for key in ("single_turn", "swe"):
+        _typed(e.workload_class, key, "eval.workload_class", str)
+    _typed(e, "served_model_name", "eval", str, optional=True)
+    _typed(e, "progress", "eval", bool)
+    out_dir = Path(str(e.out_dir))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EvalError(f"eval.out_dir={out_dir} is a file; give a folder for the results.")
+    tok = e.get("tokenizer")
+    if tok is not None and tok != "byte" and str(tok).startswith(("/", ".", "~")):
+        if not Path(str(tok)).expanduser().is_dir():  # read as given (HFTokenizer), not repo-relative
+            raise EvalError(f"eval.tokenizer={tok}: folder {Path(str(tok)).expanduser()} does not "
+                            "exist; give the served model's local folder, or 'byte'.")
+    if "arithmetic" in enabled:
+        a, where = b.arithmetic, "eval.benchmarks.arithmetic"
+        _typed(a, "num_problems", where, int, minimum=1)
+        _typed(a, "holdout_buckets", where, int, minimum=1)
+        _typed(a, "seed", where, int)
+    if "humaneval" in enabled:
+        h, where = b.humaneval, "eval.benchmarks.humaneval"
+        if h.path:
+            _check_path(h.path, f"{where}.path", folder=False)
+        _typed(h, "timeout_s", where, float, positive=True)
+        _typed(h, "cpu_s", where, int, minimum=1)
+        _typed(h, "memory_bytes", where, int, minimum=1)
+    if "gsm8k" in enabled:
+        _typed(b.gsm8k, "path", "eval.benchmarks.gsm8k", str)
+        _typed(b.gsm8k, "split", "eval.benchmarks.gsm8k", str)
+    if "swe" in enabled:
+        s, where = b.swe, "eval.benchmarks.swe"
+        swe_path(cfg)
+        if s.snapshots_dir:
+            _check_path(s.snapshots_dir, f"{where}.snapshots_dir", folder=True)
+        _typed(s, "validate", where, bool)
+        if s.grader not in GRADERS:
+            raise EvalError(f"{where}.grader={s.grader!r}: must be one of {', '.join(GRADERS)}.")
+        harness_settings(cfg)
+        episode_config(e.agent)
+    return settings
 
 
 def single_turn_benchmarks(cfg: DictConfig) -> list[Benchmark]:
@@ -78,17 +264,27 @@ def single_turn_benchmarks(cfg: DictConfig) -> list[Benchmark]:
     out: list[Benchmark] = []
     if b.humaneval.enabled:
         h = b.humaneval
+        try:
+            limits = Limits(timeout_s=h.timeout_s, cpu_s=h.cpu_s, memory_bytes=h.memory_bytes,
+                            max_processes=16)
+        except SandboxError as e:
+            raise EvalError(f"eval.benchmarks.humaneval: {e}") from None
         out.append(HumanEvalBenchmark(
             problems_path=str(_repo_path(h.path)) if h.path else None, limit=h.limit,
-            limits=Limits(timeout_s=h.timeout_s, cpu_s=h.cpu_s, memory_bytes=h.memory_bytes,
-                          max_processes=16),
-            isolation=episode_config(cfg.eval.agent).isolation, workload_class=wc))
+            limits=limits, isolation=episode_config(cfg.eval.agent).isolation, workload_class=wc))
     if b.gsm8k.enabled:
-        out.append(gsm8k_benchmark(_repo_path(b.gsm8k.path), b.gsm8k.limit, wc))
+        g = b.gsm8k
+        local = _repo_path(str(g.path))
+        spec = str(g.path) if not local.exists() and looks_like_hub_id(str(g.path)) else local
+        out.append(gsm8k_benchmark(spec, g.limit, wc, split=str(g.split), hub_config=g.hub_config))
     if b.arithmetic.enabled:
         a = b.arithmetic
-        out.append(arithmetic_heldout_benchmark(a.num_problems, a.seed, tuple(a.levels),
-                                                a.holdout_buckets, workload_class=wc))
+        levels = a.levels if isinstance(a.levels, (list, ListConfig)) else [a.levels]
+        try:
+            out.append(arithmetic_heldout_benchmark(a.num_problems, a.seed, tuple(levels),
+                                                    a.holdout_buckets, workload_class=wc))
+        except EvalError as e:
+            raise EvalError(f"eval.benchmarks.arithmetic: {e}") from None
     return out
 
 
@@ -108,20 +304,61 @@ def swe_path(cfg: DictConfig) -> Path | None:
     return path
 
 
-def swe_benchmark(cfg: DictConfig, path: Path, tokenizer: Tokenizer) -> SweBenchmark:
-    """The SWE benchmark with the episode settings of ``eval.agent``."""
+def harness_settings(cfg: DictConfig) -> HarnessSettings:
+    """How the official harness runs (``eval.benchmarks.swe.harness``).
+
+    Raises:
+        EvalError: a value of the wrong type or out of range (the key named).
+    """
+    h, where = cfg.eval.benchmarks.swe.harness, "eval.benchmarks.swe.harness"
+    return HarnessSettings(dataset_name=_typed(h, "dataset_name", where, str, optional=True),
+                           split=_typed(h, "split", where, str),
+                           max_workers=_typed(h, "max_workers", where, int, minimum=1),
+                           timeout_s=_typed(h, "timeout_s", where, int, minimum=1))
+
+
+def swe_grader(cfg: DictConfig, path: Path) -> GraderChoice:
+    """Who grades the SWE patches (``eval.benchmarks.swe.grader``) and why.
+
+    Raises:
+        EvalError: ``swebench`` asked for where the official harness cannot run.
+    """
+    settings = harness_settings(cfg)
+    return choose_grader(str(cfg.eval.benchmarks.swe.grader),
+                         lambda: harness_unavailable(path, settings))
+
+
+def swe_benchmark(cfg: DictConfig, path: Path, tokenizer: Tokenizer,
+                  grader: GraderChoice | None = None) -> SweBenchmark:
+    """The SWE benchmark with the episode settings of ``eval.agent``.
+
+    Args:
+        grader: who grades (None = ``swe_grader(cfg, path)``).
+    """
     s, agent = cfg.eval.benchmarks, cfg.eval.agent
+    grader = grader or swe_grader(cfg, path)
     return SweBenchmark(
         path=str(path), tokenizer=tokenizer, episode=episode_config(agent),
         chat_format=ChatFormat(**OmegaConf.to_container(agent.chat_format, resolve=True)),
         snapshots_dir=str(_repo_path(s.swe.snapshots_dir)) if s.swe.snapshots_dir else None,
         limit=s.swe.limit, validate=bool(s.swe.validate), model_timeout_s=agent.model_timeout_s,
-        model_retries=agent.model_retries, workload_class=cfg.eval.workload_class.swe)
+        model_retries=agent.model_retries, workload_class=cfg.eval.workload_class.swe,
+        grader=grader.grader, harness=harness_settings(cfg))
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """``"byte"`` -> ByteTokenizer (scripted servers), else a local HF tokenizer folder."""
-    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+    """``"byte"`` -> ByteTokenizer (scripted servers), else a local HF tokenizer folder.
+
+    Raises:
+        EvalError: the tokenizer cannot be loaded (the message names eval.tokenizer).
+    """
+    if spec == "byte":
+        return ByteTokenizer()
+    try:
+        return HFTokenizer(spec)
+    except (OSError, ValueError) as e:
+        raise EvalError(f"eval.tokenizer={spec}: cannot load a tokenizer from it ({type(e).__name__}: "
+                        f"{str(e)[:200]}); give the served model's local folder, or 'byte'.") from None
 
 
 def log_wandb(cfg: DictConfig, report: dict[str, dict[str, Any]], out_dir: Path) -> None:
@@ -141,7 +378,8 @@ def log_wandb(cfg: DictConfig, report: dict[str, dict[str, Any]], out_dir: Path)
 
 
 def benchmarks_of(cfg: DictConfig, tokenizer: str | None,
-                  single_turn: list[Benchmark] | None = None) -> list[Benchmark]:
+                  single_turn: list[Benchmark] | None = None,
+                  grader: GraderChoice | None = None) -> list[Benchmark]:
     """All enabled benchmarks of a composed ``eval`` config (the trainer's periodic
     evaluation builds its benchmarks with this too).
 
@@ -151,6 +389,7 @@ def benchmarks_of(cfg: DictConfig, tokenizer: str | None,
             ``"byte"``); needed only when the SWE benchmark is enabled.
         single_turn: the math and code benchmarks when already built
             (``single_turn_benchmarks``).
+        grader: who grades the SWE patches (None = ``swe_grader``).
 
     Raises:
         EvalError: a benchmark file is missing or malformed, or no tokenizer for SWE.
@@ -161,20 +400,25 @@ def benchmarks_of(cfg: DictConfig, tokenizer: str | None,
         if tokenizer is None:
             raise EvalError("the swe benchmark needs the served model's tokenizer; set "
                             "eval.tokenizer or disable eval.benchmarks.swe.")
-        benchmarks.append(swe_benchmark(cfg, swe, load_tokenizer(tokenizer)))
+        benchmarks.append(swe_benchmark(cfg, swe, load_tokenizer(tokenizer), grader))
     return benchmarks
 
 
-def harness_hint(report: dict[str, dict[str, Any]], cfg: DictConfig) -> str:
-    """How to grade the SWE predictions with the official harness (Docker), or why not."""
-    files = report.get("swe", {}).get("predictions") or []
+def harness_hint(report: dict[str, dict[str, Any]], cfg: DictConfig,
+                 grader: GraderChoice | None = None) -> str:
+    """Who graded the SWE predictions; after local grading, how to run the official harness."""
+    swe = report.get("swe", {})
+    files = swe.get("predictions") or []
     if not files:
         return ""
-    docker = shutil.which("docker") is not None
-    lines = [f"SWE predictions (swebench format): {', '.join(files)}",
-             "official grading (needs Docker" + (")" if docker else "; not found here, the "
-                                                   "figures above are the local sandbox grading)") + ":"]
-    dataset = swe_path(cfg)
+    lines = [grader.describe()] if grader else []
+    lines.append(f"SWE predictions (swebench format): {', '.join(files)}")
+    if swe.get("grader") == "swebench":
+        lines.append(f"official harness reports: {Path(files[0]).parent / 'swebench'}")
+        return "\n".join(lines) + "\n"
+    lines.append("to grade them with the official harness (needs `pip install swebench` and Docker; "
+                 "or set eval.benchmarks.swe.grader=swebench):")
+    dataset = harness_settings(cfg).dataset_name or swe_path(cfg)
     lines += [f"  python -m swebench.harness.run_evaluation --dataset_name {dataset} "
               f"--predictions_path {f} --run_id {Path(f).stem}" for f in files]
     return "\n".join(lines) + "\n"
@@ -184,36 +428,49 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """Evaluate as configured; returns the report (see ``rl.evaluation.evaluate``).
 
     Raises:
-        EvalError, TaskError, SandboxError, AgentServerError: bad input (files, options);
-        the serving stack's errors (engines, model) when it cannot start.
+        EvalError, TaskError, SandboxError, AgentServerError: bad input (files, options,
+        an unreachable router), or no problem could be scored; the serving stack's errors
+        (engines, model) when it cannot start.
     """
-    settings = settings_of(cfg)
-    swe_path(cfg)  # a missing file fails before any engine starts
+    settings = check_config(cfg)
+    router_url = router_url_of(cfg)
     single_turn = single_turn_benchmarks(cfg)
+    swe = swe_path(cfg)
+    grader = swe_grader(cfg, swe) if swe is not None else None
+    if grader is not None:
+        print(grader.describe(), flush=True)
     out_dir = Path(str(cfg.eval.out_dir))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    if cfg.eval.router_url:
+    if router_url:
         model = cfg.eval.served_model_name or str(cfg.model.name)
+        check_router(router_url, model)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tokenizer = cfg.eval.tokenizer
-        if tokenizer is None and cfg.eval.benchmarks.swe.enabled:
+        if tokenizer is None and swe is not None:
             from rollout.model import resolve_model_path
             tokenizer = resolve_model_path(cfg.model)
-        report = evaluate(benchmarks_of(cfg, tokenizer, single_turn), str(cfg.eval.router_url),
+        report = evaluate(benchmarks_of(cfg, tokenizer, single_turn, grader), router_url,
                           model, settings, out_dir, progress=bool(cfg.eval.progress))
     else:
         from rollout.serve import ServingStack, stop_on_sigterm
 
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         stop_on_sigterm()
         with ServingStack(cfg, Path(str(cfg.run_dir))) as stack:
-            report = evaluate(benchmarks_of(cfg, cfg.eval.tokenizer or stack.model_path, single_turn),
+            report = evaluate(benchmarks_of(cfg, cfg.eval.tokenizer or stack.model_path, single_turn,
+                                            grader),
                               stack.router_url, stack.served_model_name, settings, out_dir,
                               progress=bool(cfg.eval.progress))
     print(markdown_table(report, list(settings.ks)), end="", flush=True)
-    print(harness_hint(report, cfg), end="")
+    print(harness_hint(report, cfg, grader), end="")
     print(f"results: {out_dir}/report.json, report.md, passk.png", flush=True)
     if cfg.eval.wandb.run:
         log_wandb(cfg, report, out_dir)
+    if not any(r["num_scored"] for r in report.values()):
+        raise EvalError("no problem could be scored: every one ended in an error (listed above), "
+                        "so nothing was measured. Fix the cause and rerun on the same "
+                        f"eval.out_dir={out_dir} to draw the errored samples again.")
     return report
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import rl.data.gsm8k as gsm8k
+from rl.config import compose
 from rl.data import DataError, GSM8KSource
 from rl.evaluation import EvalError, gsm8k_benchmark
 
@@ -90,3 +91,12 @@ def test_training_source_takes_a_hub_id_with_its_split(hub):
     src = GSM8KSource("openai/gsm8k", split="train")
     assert hub == [("openai/gsm8k", "main", "train")] and len(src) == 2
 
+
+def test_eval_config_with_a_hub_id_builds_the_benchmark_from_the_hub(hub):
+    from rl.eval import single_turn_benchmarks
+
+    cfg = compose("eval", ["run_dir=runs/test", "eval.benchmarks.gsm8k.path=openai/gsm8k",
+                           "eval.benchmarks.gsm8k.limit=1", "eval.benchmarks.humaneval.enabled=false",
+                           "eval.benchmarks.arithmetic.enabled=false"])
+    [bench] = single_turn_benchmarks(cfg)
+    assert hub == [("openai/gsm8k", "main", "test")] and len(bench.prompts) == 1
