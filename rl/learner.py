@@ -5,8 +5,13 @@ Two backends behind one API (``LearnerConfig.backend``):
 - ``torch``: plain ``torch.optim.AdamW`` on one device (CPU here).
 - ``deepspeed``: a DeepSpeed engine with ZeRO stage 1 or 2 (optimizer state / gradients
   partitioned across ranks). On CPU set ``DS_ACCELERATOR=cpu``; one process uses the
-  gloo backend (the first run compiles a small op with g++, about a minute). On GPUs the
-  same code runs under the ``deepspeed`` launcher with NCCL.
+  gloo backend (the first run compiles a small op with g++, about a minute). On a GPU the
+  same code uses NCCL (one rank on ``device`` when no launcher set up the ranks).
+
+Which GPUs the learner may use is decided by ``python -m rl.train`` before the learner is
+built (``LearnerConfig.gpus``, ``rollout.engines.gpu_placement``): it narrows the trainer
+process's ``CUDA_VISIBLE_DEVICES`` to GPUs no engine uses, so ``cuda`` here is the first of
+them.
 
 A step takes a list of finished units (``rl.grpo.TrainSample``), splits it into
 micro-batches whose losses add up to the full-batch loss (gradient accumulation), and
@@ -49,7 +54,12 @@ class LearnerConfig:
     Attributes:
         backend: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO).
         zero_stage: 1 or 2 (``deepspeed`` only).
-        device: ``cpu``, ``cuda`` or ``auto`` (cuda when available).
+        device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto`` (cuda when available).
+        gpus: positions in the job's GPU list (``CUDA_VISIBLE_DEVICES``, else all GPUs)
+            that the trainer process gets, none of them an engine's; the learner runs on
+            the first, a reward model on GPU may take another (``trainer.rewards.device``,
+            ``cuda:1`` = the second). None = the first GPU after the engines'. Read by
+            ``rl.train`` (``rollout.engines.gpu_placement``); ignored with engines on CPU.
         dtype: parameter dtype (float32 on CPU: bf16 is about 3x slower there).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
@@ -63,6 +73,7 @@ class LearnerConfig:
     backend: Literal["torch", "deepspeed"] = "torch"
     zero_stage: int = 1
     device: str = "auto"
+    gpus: list[int] | None = None
     dtype: str = "float32"
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -78,6 +89,12 @@ class LearnerConfig:
         if self.backend == "deepspeed" and self.zero_stage not in (1, 2):
             raise LearnerError(f"learner.zero_stage={self.zero_stage}: choose 1 or 2 (stage 3 "
                                "shards parameters, which the weight sync does not gather)")
+        if self.gpus is not None and (
+                isinstance(self.gpus, (str, bytes)) or not all(
+                    isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus)
+                or len(set(self.gpus)) != len(self.gpus)):
+            raise LearnerError(f"learner.gpus={self.gpus!r}: give a list of distinct GPU "
+                               "positions >= 0 (e.g. [6, 7]), or null")
         if self.micro_batch_size < 1 or self.lr <= 0:
             raise LearnerError("learner.micro_batch_size must be >= 1 and learner.lr > 0")
 
@@ -91,26 +108,36 @@ def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:
     opts = dict(tcfg["learner"])
     if "betas" in opts:
         opts["betas"] = tuple(opts["betas"])
+    if opts.get("gpus") is not None and not isinstance(opts["gpus"], (str, bytes)):
+        opts["gpus"] = list(opts["gpus"])
     return dataclass_from_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
                            "trainer.learner", LearnerError)
 
 
 def _resolve_device(name: str) -> torch.device:
+    """The learner's device, with an index on CUDA (``cuda`` -> ``cuda:0``): DeepSpeed and
+    the NCCL weight sync compare devices, and ``cuda`` never equals ``cuda:0``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise LearnerError(f"learner.device={name} but no CUDA device is visible; use cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise LearnerError(f"learner.device={name} but no CUDA device is visible; use cpu")
+        dev = torch.device(name)
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
     return torch.device(name)
 
 
-def _init_single_process_group(backend: str) -> None:
-    """torch.distributed with world size 1 when no launcher set it up."""
+def _init_single_process_group(backend: str, device: torch.device) -> None:
+    """torch.distributed with world size 1 when no launcher set it up.
+
+    DeepSpeed puts the model on ``cuda:LOCAL_RANK``, so a single rank's LOCAL_RANK is the
+    learner's GPU index (0 inside the trainer's own ``CUDA_VISIBLE_DEVICES``)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
     os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", str(device.index or 0) if device.type == "cuda" else "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
@@ -174,7 +201,7 @@ class Learner:
                                "variable DS_ACCELERATOR=cpu set before the process starts")
         import deepspeed
 
-        _init_single_process_group("gloo" if self.device.type == "cpu" else "nccl")
+        _init_single_process_group("gloo" if self.device.type == "cpu" else "nccl", self.device)
         ds_config = {
             "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
             # The learner owns accumulation: every micro-batch loss is already scaled to
@@ -187,6 +214,9 @@ class Learner:
             "wall_clock_breakdown": False,
         }
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
+        if engine.device != self.device:
+            # a launcher's LOCAL_RANK put the model elsewhere: inputs follow the model
+            self.device = engine.device
         return engine
 
     # ------------------------------------------------------------------ forward

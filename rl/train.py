@@ -54,7 +54,7 @@ def reward_server(cfg: DictConfig, run_dir: Path, model_path: str):
     rcfg = cfg.trainer.rewards
     argv = [sys.executable, "-m", "rl.reward_server", f"run_dir={run_dir / 'reward_server'}",
             f"trainer.rewards.server.port={port}", f"trainer.rewards.rlhf_scorer={rcfg.rlhf_scorer}",
-            f"model.path={model_path}"]
+            f"model.path={model_path}", f"trainer.rewards.device={rcfg.device}"]
     if rcfg.reward_model_path:
         argv.append(f"trainer.rewards.reward_model_path={rcfg.reward_model_path}")
     proc = ManagedProcess("reward-server", argv, run_dir / "logs" / "reward_server.log",
@@ -89,7 +89,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
     from rl.trainer import Trainer
-    from rollout.weight_sync import HttpReloadSync, weight_sync_config
+    from rollout.weight_sync import make_weight_sync, weight_sync_config
     from rollout.workers import AgentWorker, SingleTurnWorker
 
     tcfg = cfg.trainer
@@ -106,8 +106,13 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     rewards = RewardPool(reward_cfg, stack.model_path)
     console.print("loading the learner ...")
     learner = await asyncio.to_thread(Learner, stack.model_path, learner_config(tcfg))
-    sync = HttpReloadSync(stack.engines.urls,
-                          weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None))
+    wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
+    sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
+                            device=str(learner.device))
+    if wcfg.method == "nccl":
+        console.print("joining the engines' NCCL weight-sync group ...")
+        await asyncio.to_thread(sync.connect)
+        sync = BroadcastFromLearner(sync, learner)
 
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
     client = ModelClient(http, stack.router_url, name,
@@ -153,10 +158,13 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
 
     trainer = Trainer(tcfg, sampler, ledger, learner, workers, stack.engines.urls,
                       stack.router_url if ours else None, sync, run_dir, log=log, evaluate=evaluate)
-    if trainer.resume():
+    resumed = trainer.resume()
+    if resumed:
         console.print(f"resumed from {run_dir / 'checkpoint'} at iteration {learner.version}")
         progress.update(bar, completed=learner.version)
     try:
+        if resumed:  # the engines started with the initial weights: serve the resumed ones
+            await asyncio.to_thread(sync.sync, learner.save_weights, learner.version)
         with progress:
             history = await trainer.run()
         trainer.save_checkpoint()
@@ -168,6 +176,106 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         if agent_client is not None:
             await agent_client.aclose()
     return history
+
+
+class BroadcastFromLearner:
+    """``NcclWeightSync`` behind the trainer's ``sync(write_weights, version)`` call: the
+    learner's tensors are broadcast from its GPU and nothing is written to disk."""
+
+    def __init__(self, nccl, learner):
+        self.nccl, self.learner = nccl, learner
+
+    def sync(self, _write_weights, policy_version: int):
+        return self.nccl.sync(self.learner.weights_for_sync(to_cpu=False), policy_version)
+
+    def close(self) -> None:
+        self.nccl.close()
+
+
+def job_gpu_placement(cfg: DictConfig):
+    """The GPUs of the local engines and of the trainer process
+    (``rollout.engines.GpuPlacement``), from ``engine`` and ``trainer.learner.gpus`` over
+    this job's ``CUDA_VISIBLE_DEVICES``; None when the engines run on CPU.
+
+    Raises:
+        EngineError: the trainer's GPUs overlap the engines', or the job has too few.
+    """
+    from rollout.engines import gpu_placement
+
+    ecfg = cfg.engine
+    if ecfg.kind != "gpu":
+        return None
+    gpus = cfg.trainer.learner.get("gpus")
+    return gpu_placement(0 if ecfg.urls else int(ecfg.num_engines), int(ecfg.tensor_parallel_size),
+                         None if gpus is None else [int(g) for g in gpus],
+                         visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def use_trainer_gpus(placement) -> None:
+    """Narrow this process's ``CUDA_VISIBLE_DEVICES`` to the trainer's GPUs, so the learner
+    (``cuda`` = ``cuda:0``), DeepSpeed (``cuda:LOCAL_RANK``), the NCCL weight sync and the
+    reward server started from here never touch an engine's GPU. Call it after the engines
+    started (their split is computed from the job's full list) and before anything uses
+    CUDA here.
+
+    Raises:
+        ConfigError: CUDA was already initialised in this process (too late to narrow).
+    """
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise ConfigError("CUDA was initialised in the trainer before its GPUs were chosen; "
+                          "the learner could land on an engine's GPU")
+    os.environ["CUDA_VISIBLE_DEVICES"] = placement.trainer
+
+
+def validate_job_cfg(cfg: DictConfig):
+    """Everything about the composed config that can be checked before engines start:
+    ``model.path`` given where the recipe requires it, the ``trainer`` and ``engine``
+    groups, the GPU placement, and that the weight sync fits the engines.
+
+    Returns:
+        the GPU placement (``job_gpu_placement``), or None with engines on CPU.
+
+    Raises:
+        ConfigError, EngineError, ModelPrepareError: the message names the key and what
+            to give instead.
+    """
+    from rollout.engines import validate_engine_cfg
+    from rollout.model import check_model_path_given
+    from rollout.weight_sync import WORKER_EXTENSION
+
+    check_model_path_given(cfg.model)
+    validate_trainer_cfg(cfg.trainer)
+    validate_engine_cfg(cfg.engine)
+    placement = job_gpu_placement(cfg)
+    tcfg, ecfg = cfg.trainer, cfg.engine
+    if tcfg.weight_sync.method == "nccl":
+        if ecfg.kind != "gpu":
+            raise ConfigError("trainer.weight_sync.method=nccl needs GPU engines (engine=gpu); "
+                              "with engine=cpu use trainer.weight_sync.method=http_reload")
+        if str(tcfg.learner.device) == "cpu":
+            raise ConfigError("trainer.weight_sync.method=nccl broadcasts from the learner's "
+                              "GPU: set trainer.learner.device=cuda (or auto)")
+        extra = [str(a) for a in ecfg.extra_args]
+        if not ecfg.urls and WORKER_EXTENSION not in extra:
+            raise ConfigError(
+                "trainer.weight_sync.method=nccl needs the engines' worker extension: add "
+                f"'engine.extra_args=[--worker-extension-cls,{WORKER_EXTENSION}]' (as "
+                "recipes/recipe/mixed_step_gpu.yaml does)")
+    device = str(tcfg.rewards.get("device", "cpu"))
+    if placement is not None and device.startswith("cuda"):
+        try:
+            index = int(device.partition(":")[2] or 0)
+        except ValueError:
+            raise ConfigError(f"trainer.rewards.device={device}: use cpu, cuda or cuda:N") from None
+        have = len(placement.trainer.split(",")) if placement.trainer else 0
+        if index >= have:
+            raise ConfigError(
+                f"trainer.rewards.device={device}, but the trainer process has {have} GPU(s) "
+                f"(trainer.learner.gpus={tcfg.learner.get('gpus')}; "
+                "cuda:0 is the learner's): add a GPU there or use a lower index")
+    return placement
 
 
 def validate_trainer_cfg(tcfg: DictConfig) -> None:
@@ -206,7 +314,7 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> None:
     stop_on_sigterm()
     _register_errors()
-    validate_trainer_cfg(cfg.trainer)
+    placement = validate_job_cfg(cfg)
     from agents.client import launch_agent_server
 
     console = Console()
@@ -221,6 +329,10 @@ def main(cfg: DictConfig) -> None:
         console.print(f"engines up in {stack.timings_s.get('engines_s', 0):.0f} s: "
                       f"{stack.engines.urls}; router ({cfg.router.get('impl', 'ours')}) at "
                       f"{stack.router_url}")
+        if placement is not None:
+            use_trainer_gpus(placement)
+            console.print(f"engines on GPUs {' | '.join(placement.engines) or '(elsewhere)'}; "
+                          f"trainer on GPUs {placement.trainer or '(none)'}")
         with contextlib.ExitStack() as services:
             reward_cfg = OmegaConf.to_container(cfg.trainer.rewards, resolve=True)
             if float(cfg.trainer.rho.get("rlhf", 0)) > 0 and reward_cfg["rlhf_scorer"] != "http":

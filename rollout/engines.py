@@ -5,7 +5,9 @@ replica, each with prefix caching on, KV-cache events published over ZMQ on its 
 endpoint, Prometheus ``/metrics``, and the dev-mode endpoints the weight sync uses
 (``/pause``, ``/collective_rpc``, ``/reset_prefix_cache``, ``/resume``). On CPU the cores
 are split between engines (``VLLM_CPU_OMP_THREADS_BIND``); on GPU the devices are
-(``CUDA_VISIBLE_DEVICES``, ``tensor_parallel_size`` each). Logs go to the run folder.
+(``CUDA_VISIBLE_DEVICES``, ``tensor_parallel_size`` each, from the front of the job's GPU
+list; ``gpu_placement`` also gives the trainer process GPUs of its own after them). Logs go
+to the run folder.
 
 KV space per engine is ``engine.kv_cache_space_gib`` (passed as ``--kv-cache-memory-bytes``,
 which takes fractions of a GiB; the legacy ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only).
@@ -86,6 +88,71 @@ def cpu_core_split(num_engines: int, cores: Sequence[int] | None = None) -> list
     return out
 
 
+@dataclass(frozen=True)
+class GpuPlacement:
+    """Which GPUs each process of a job on one machine gets, as ``CUDA_VISIBLE_DEVICES``
+    values (the ids of the job's own visible list, so a job given GPUs 4-7 stays on them).
+
+    Attributes:
+        engines: one value per local engine, ``tensor_parallel_size`` GPUs each
+            (``"0,1"``, ``"2,3"``, ...).
+        trainer: the trainer process's value: the learner (on its first GPU), the NCCL
+            weight sync and a reward model on GPU; never one of the engines' GPUs.
+    """
+
+    engines: tuple[str, ...]
+    trainer: str
+
+
+def gpu_placement(num_engines: int, tensor_parallel_size: int,
+                  trainer_gpus: Sequence[int] | None = None,
+                  visible: str | None = None) -> GpuPlacement:
+    """Split the job's GPUs between the local engines and the trainer process.
+
+    Args:
+        num_engines: engines launched on this machine (0 when they run elsewhere).
+        tensor_parallel_size: GPUs per engine.
+        trainer_gpus: positions in the job's GPU list for the trainer process
+            (``trainer.learner.gpus``); None = the one GPU right after the engines'; empty =
+            none (a trainer on CPU).
+        visible: the job's ``CUDA_VISIBLE_DEVICES`` (comma-separated ids or UUIDs), or
+            None when unset (all GPUs, ids 0, 1, ...).
+
+    Engine ``i`` takes positions ``i * tp .. (i + 1) * tp - 1``.
+
+    Raises:
+        EngineError: a trainer GPU is also an engine's, a position is negative or
+            repeated, or the job's GPU list is too short; the message names the keys.
+    """
+    tp = int(tensor_parallel_size)
+    if tp < 1 or num_engines < 0:
+        raise EngineError(f"engine.tensor_parallel_size={tp}, engine.num_engines={num_engines}: "
+                          "give a whole number >= 1 for each")
+    used = num_engines * tp
+    trainer = [used] if trainer_gpus is None else [int(g) for g in trainer_gpus]
+    if any(g < 0 for g in trainer) or len(set(trainer)) != len(trainer):
+        raise EngineError(f"trainer.learner.gpus={list(trainer)}: give distinct GPU positions "
+                          ">= 0 (or null for the first GPU after the engines')")
+    overlap = sorted(g for g in trainer if g < used)
+    if overlap:
+        raise EngineError(
+            f"trainer.learner.gpus={trainer} overlaps the engines' GPUs (positions 0-{used - 1}: "
+            f"engine.num_engines={num_engines} x engine.tensor_parallel_size={tp}) at {overlap}; "
+            f"give positions >= {used}, or fewer or smaller engines")
+    need = max([used - 1, *trainer]) + 1
+    if visible is None:
+        ids = [str(i) for i in range(need)]
+    else:
+        ids = [d.strip() for d in visible.split(",") if d.strip()]
+        if need > len(ids):
+            raise EngineError(
+                f"this job sees {len(ids)} GPUs (CUDA_VISIBLE_DEVICES={visible}) but the engines "
+                f"({num_engines} x {tp}) and trainer.learner.gpus={trainer} need {need}")
+    return GpuPlacement(
+        engines=tuple(",".join(ids[i * tp:(i + 1) * tp]) for i in range(num_engines)),
+        trainer=",".join(ids[g] for g in trainer))
+
+
 def engine_argv(ecfg: DictConfig, model_path: str, served_name: str, max_model_len: int,
                 dtype: str, port: int, kv_port: int | None) -> list[str]:
     """The command line of one vLLM server for config ``engine`` (``ecfg``)."""
@@ -117,7 +184,8 @@ def engine_argv(ecfg: DictConfig, model_path: str, served_name: str, max_model_l
 
 
 def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
-    """Environment of engine ``index``: device/core split, KV space, dev endpoints."""
+    """Environment of engine ``index``: device/core split (``gpu_placement`` over the job's
+    ``CUDA_VISIBLE_DEVICES``), dev endpoints, then ``engine.env``."""
     env = {"VLLM_SERVER_DEV_MODE": "1",  # /pause, /collective_rpc, /reset_prefix_cache
            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
            "TOKENIZERS_PARALLELISM": "false"}
@@ -125,9 +193,9 @@ def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
         binds = cpu_core_split(int(ecfg.num_engines))
         env["VLLM_CPU_OMP_THREADS_BIND"] = binds[index]
     else:
-        tp = int(ecfg.tensor_parallel_size)
-        first = index * tp
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(first, first + tp))
+        split = gpu_placement(int(ecfg.num_engines), int(ecfg.tensor_parallel_size),
+                              trainer_gpus=(), visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        env["CUDA_VISIBLE_DEVICES"] = split.engines[index]
     env.update({str(k): str(v) for k, v in (ecfg.env or {}).items()})
     return env
 

@@ -25,13 +25,28 @@ import time
 import zipfile
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 _DONE_MARKER = ".prepared.json"
 
 
 class ModelPrepareError(RuntimeError):
     """The model could not be found or converted; the message says what to do."""
+
+
+def check_model_path_given(model_cfg: DictConfig) -> None:
+    """Refuse a config whose recipe requires ``model.path`` (``path: ???``, e.g.
+    ``recipe=mixed_step_gpu``) when none was given. (``model_cfg.get("path")`` reads a
+    missing value as None, which would quietly fall back to the packaged model.)
+
+    Raises:
+        ModelPrepareError: the message names the key and what to pass.
+    """
+    if OmegaConf.is_missing(model_cfg, "path"):
+        raise ModelPrepareError(
+            "model.path is required by this recipe: pass model.path=/path/to/model (a local "
+            "Hugging Face folder with config.json, weights and tokenizer, or a hub id such as "
+            "Qwen/Qwen2.5-7B-Instruct)")
 
 
 def resolve_model_path(model_cfg: DictConfig) -> str:
@@ -41,9 +56,11 @@ def resolve_model_path(model_cfg: DictConfig) -> str:
     hub id), otherwise the prepared folder of ``model.source`` (converted on first use).
 
     Raises:
-        ModelPrepareError: ``model.path`` looks like a local path that does not exist, or
-            preparing the packaged model failed.
+        ModelPrepareError: ``model.path`` is required by the recipe (``???``) but not
+            given, looks like a local path that does not exist, or preparing the packaged
+            model failed.
     """
+    check_model_path_given(model_cfg)
     path = model_cfg.get("path")
     if path:
         p = Path(str(path)).expanduser()

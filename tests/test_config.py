@@ -46,7 +46,7 @@ def test_cfg_job_prints_the_resolved_config():
 
 
 def test_compose_raises_config_error_for_a_missing_group_option():
-    with pytest.raises(ConfigError, match="Valid options for model: smollm2-135m"):
+    with pytest.raises(ConfigError, match="Valid options for model: hf, smollm2-135m"):
         compose("train", ["model=llama-70b"])
 
 
@@ -78,3 +78,60 @@ def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, overrid
     assert r.returncode == 1
     assert expect in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert "engines up" not in r.stdout
+
+
+# --------------------------------------------------------------------------- the GPU recipe
+
+
+def _gpu(*overrides: str):
+    return compose("train", ["recipe=mixed_step_gpu", "model.path=/tmp/x", "run_dir=runs/test",
+                             *overrides])
+
+
+def test_gpu_recipe_passes_every_check_the_job_runs_before_engines_start(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rl.learner import learner_config
+    from rl.train import validate_job_cfg, validate_trainer_cfg
+    from rollout.engines import engine_argv, validate_engine_cfg
+    from rollout.weight_sync import WORKER_EXTENSION, weight_sync_config
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfg = _gpu()
+    validate_trainer_cfg(cfg.trainer)
+    validate_engine_cfg(cfg.engine)
+    placement = validate_job_cfg(cfg)  # both of the above, model.path, GPUs, weight sync
+    assert placement.engines == ("0,1", "2,3", "4,5") and placement.trainer == "6,7"
+
+    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+    learner = learner_config(trainer)
+    assert (learner.backend, learner.zero_stage, learner.dtype, learner.device) == \
+        ("deepspeed", 2, "bfloat16", "cuda")
+    assert weight_sync_config(trainer["weight_sync"]).method == "nccl"
+    assert trainer["max_in_flight"] == 512 and trainer["max_tokens"]["rlvr"] == 131072
+    assert trainer["agent_limits"]["max_context_tokens"] == cfg.model.max_model_len == 131072
+    argv = engine_argv(cfg.engine, "/tmp/x", "policy", 131072, "bfloat16", 8001, 5557)
+    flags = dict(zip(argv, argv[1:]))
+    assert flags["--worker-extension-cls"] == WORKER_EXTENSION
+    assert flags["--tensor-parallel-size"] == "2" and "--kv-cache-memory-bytes" not in flags
+
+
+def test_gpu_recipe_cfg_job_resolves_and_compare_composes_it():
+    r = _run("recipe=mixed_step_gpu", "model.path=/tmp/x", "--cfg", "job", "--resolve")
+    assert r.returncode == 0, r.stderr
+    assert "kind: gpu" in r.stdout and "method: nccl" in r.stdout and "${" not in r.stdout
+    assert compose("compare", ["recipe=mixed_step_gpu"]).recipe.name == "mixed_step_gpu"
+
+
+def test_gpu_recipe_without_model_path_names_the_key_and_what_to_pass(tmp_path):
+    from rl.train import validate_job_cfg
+    from rollout.model import ModelPrepareError, resolve_model_path
+
+    cfg = compose("train", ["recipe=mixed_step_gpu", "run_dir=runs/test"])
+    for check in (validate_job_cfg, lambda c: resolve_model_path(c.model)):
+        with pytest.raises(ModelPrepareError, match=r"model.path is required.*pass model.path="):
+            check(cfg)
+    r = _run("recipe=mixed_step_gpu", f"run_dir={tmp_path}/run")
+    assert r.returncode == 1
+    assert "model.path is required" in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert "engines up" not in r.stdout  # refused before anything starts

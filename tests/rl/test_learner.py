@@ -113,3 +113,24 @@ def test_deepspeed_zero_step_on_cpu_changes_weights(model_path, stage, monkeypat
     assert learner.loss(samples) < loss_before
     learner.save_checkpoint(tmp_path / "ckpt", {"k": stage})
     assert learner.load_checkpoint(tmp_path / "ckpt") == {"k": stage}
+
+
+def test_learner_gpus_must_be_distinct_positions():
+    from rl.learner import learner_config
+
+    assert LearnerConfig(gpus=[6, 7]).gpus == [6, 7]
+    for bad in ([6, 6], [-1], ["6"], "6,7", [True]):
+        with pytest.raises(LearnerError, match="learner.gpus"):
+            LearnerConfig(gpus=bad)
+    tcfg = {"learner": {"backend": "deepspeed", "zero_stage": 2, "gpus": (6, 7)},
+            "loss": {"eps_low": 0.2}}
+    assert learner_config(tcfg).gpus == [6, 7]
+
+
+def test_cuda_device_without_a_gpu_is_refused_with_the_key():
+    from rl.learner import _resolve_device
+
+    assert _resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(LearnerError, match="learner.device=cuda"):
+            _resolve_device("cuda")
