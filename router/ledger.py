@@ -70,6 +70,13 @@ class SessionRecord:
         return self.state in (PENDING, ACTIVE)
 
 
+def _joins(candidate: SessionRecord | None, workload_class: str | None) -> bool:
+    """``candidate`` is an unprotected session with observed blocks, of ``workload_class``
+    (any class for None): admitting it adds it to the protected mean."""
+    return (candidate is not None and not candidate.protected and candidate.observed_blocks > 0
+            and (workload_class is None or candidate.workload_class == workload_class))
+
+
 @dataclass(frozen=True)
 class FinishedSession:
     """A closed session: where it ran, why it closed, its KV blocks and residency seconds."""
@@ -105,7 +112,8 @@ class SessionLedger:
         # protected, nothing in flight; oldest first (OrderedDict: O(1) first item after pops)
         self._idle: OrderedDict[str, SessionRecord] = OrderedDict()
         self._group_visible: dict[str, int] = {}
-        self._protected_blocks: dict[str, int] = {}  # class -> sum of observed blocks, protected
+        # class -> sum of observed blocks / number of protected sessions with observed blocks > 0
+        self._protected_blocks: dict[str, int] = {}
         self._protected_n: dict[str, int] = {}
         self._finished: OrderedDict[str, FinishedSession] = OrderedDict()
         self.blocks_history: dict[str, BoundedHistory] = {}
@@ -161,15 +169,29 @@ class SessionLedger:
         """Active (visible) sessions of GRPO group ``group_id``."""
         return self._group_visible.get(group_id, 0) if group_id is not None else 0
 
-    def protected_mean_blocks(self, workload_class: str) -> float | None:
-        """Mean observed KV blocks of the class's protected sessions (all instances), or None."""
-        n = self._protected_n.get(workload_class, 0)
-        return self._protected_blocks[workload_class] / n if n else None
+    def protected_mean_blocks(self, workload_class: str, candidate: SessionRecord | None = None) -> float | None:
+        """Mean observed KV blocks of the class's protected sessions (all instances), or None.
 
-    def protected_mean_blocks_all(self) -> float | None:
-        """Mean observed KV blocks of all protected sessions, or None if there are none."""
+        Only sessions with observed blocks count: a session admitted but not yet started
+        has no footprint to average (counting it as 0 would lower the estimate).
+        ``candidate``: an unprotected session evaluated for admission; its observed blocks
+        (a rebound or re-acquiring session has some) count as if it were admitted, so the
+        mean seen at the decision is the one that holds right after it.
+        """
+        n = self._protected_n.get(workload_class, 0)
+        blocks = self._protected_blocks.get(workload_class, 0)
+        if _joins(candidate, workload_class):
+            n, blocks = n + 1, blocks + candidate.observed_blocks
+        return blocks / n if n else None
+
+    def protected_mean_blocks_all(self, candidate: SessionRecord | None = None) -> float | None:
+        """Mean observed KV blocks of all protected sessions with observed blocks (and of
+        ``candidate``, as in :meth:`protected_mean_blocks`), or None if there are none."""
         n = sum(self._protected_n.values())
-        return sum(self._protected_blocks.values()) / n if n else None
+        blocks = sum(self._protected_blocks.values())
+        if _joins(candidate, None):
+            n, blocks = n + 1, blocks + candidate.observed_blocks
+        return blocks / n if n else None
 
     def protected_sessions(self, instance: str) -> list[SessionRecord]:
         return [*self._pending.get(instance, {}).values(), *self._active.get(instance, {}).values()]
@@ -210,9 +232,10 @@ class SessionLedger:
         self._pending.setdefault(instance, {})[rec.session_id] = rec
         counts = self._class_n.setdefault(instance, {})
         counts[rec.workload_class] = counts.get(rec.workload_class, 0) + 1
-        b = rec.workload_class
-        self._protected_n[b] = self._protected_n.get(b, 0) + 1
-        self._protected_blocks[b] = self._protected_blocks.get(b, 0) + rec.observed_blocks
+        if rec.observed_blocks:
+            b = rec.workload_class
+            self._protected_n[b] = self._protected_n.get(b, 0) + 1
+            self._protected_blocks[b] = self._protected_blocks.get(b, 0) + rec.observed_blocks
         if rec.in_flight == 0:
             self._touch_idle(rec, now)
 
@@ -350,6 +373,8 @@ class SessionLedger:
         if blocks > rec.observed_blocks:
             if rec.protected:
                 b = rec.workload_class
+                if not rec.observed_blocks:  # its first observation: it joins the protected mean
+                    self._protected_n[b] = self._protected_n.get(b, 0) + 1
                 self._protected_blocks[b] = self._protected_blocks.get(b, 0) + blocks - rec.observed_blocks
             rec.observed_blocks = blocks
 
@@ -369,8 +394,9 @@ class SessionLedger:
         counts[b] -= 1
         if not counts[b]:
             del counts[b]
-        self._protected_n[b] -= 1
-        self._protected_blocks[b] -= rec.observed_blocks
+        if rec.observed_blocks:
+            self._protected_n[b] -= 1
+            self._protected_blocks[b] -= rec.observed_blocks
         self._idle.pop(rec.session_id, None)
         rec.instance = None
 

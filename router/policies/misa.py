@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from router.ledger import SessionRecord
 from router.policies.session_admission import SessionAdmissionConfig, SessionAdmissionPolicy
 
 
@@ -58,8 +59,12 @@ class MisaPolicy(SessionAdmissionPolicy):
     def __init__(self, config: MisaConfig | None = None) -> None:
         super().__init__(config or MisaConfig())
 
-    def class_reference_blocks(self, workload_class: str) -> float:
-        """k_b: conservative KV footprint of a class-b session, in blocks (section 4.2)."""
+    def class_reference_blocks(self, workload_class: str, candidate: SessionRecord | None = None) -> float:
+        """k_b: conservative KV footprint of a class-b session, in blocks (section 4.2).
+
+        ``candidate``: the session being decided; its observed blocks count in the
+        protected mean as if it were admitted (see ``SessionAdmissionPolicy.instance_caps``).
+        """
         cfg, ledger = self.config, self.ledger
         if workload_class in cfg.class_k_prior_blocks:
             prior = float(cfg.class_k_prior_blocks[workload_class])
@@ -68,14 +73,16 @@ class MisaPolicy(SessionAdmissionPolicy):
         else:
             prior = self._prior_blocks(cfg.k_prior_blocks, cfg.k_prior_tokens)
         history = ledger.blocks_history.get(workload_class)
-        return self._k_blocks(history, ledger.protected_mean_blocks(workload_class), prior)
+        return self._k_blocks(history, ledger.protected_mean_blocks(workload_class, candidate), prior)
 
     def _class_weight(self, workload_class: str) -> float:
         """Per-session demand weight besides k_b: 1 (spatial); MISA-T returns T_b."""
         return 1.0
 
-    def _class_demand_blocks(self, demand: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
-        k = {b: self.class_reference_blocks(b) for b in demand}
+    def _class_demand_blocks(
+        self, demand: dict[str, int], candidate: SessionRecord | None = None
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        k = {b: self.class_reference_blocks(b, candidate) for b in demand}
         # S_wb = N_wb * k_b  (MISA-T Eq. 9); MISA-T: R_wb = N_wb * k_b * T_b  (Eq. 11)
         return k, {b: n * k[b] * self._class_weight(b) for b, n in demand.items() if n > 0}
 

@@ -363,10 +363,14 @@ class SessionAdmissionPolicy:
             k = max(k, protected_mean)
         return max(1.0, k)
 
-    def reference_blocks(self) -> float:
-        """k_ref: class-agnostic conservative session footprint in KV blocks (section 4.1)."""
+    def reference_blocks(self, candidate: SessionRecord | None = None) -> float:
+        """k_ref: class-agnostic conservative session footprint in KV blocks (section 4.1).
+
+        ``candidate``: the session being decided; its observed blocks count as if it were
+        admitted (see ``instance_caps``).
+        """
         ledger = self.ledger
-        return self._k_blocks(ledger.blocks_history_all, ledger.protected_mean_blocks_all(),
+        return self._k_blocks(ledger.blocks_history_all, ledger.protected_mean_blocks_all(candidate),
                               self._prior_blocks(self.config.k_prior_blocks, self.config.k_prior_tokens))
 
     def _prior_blocks(self, blocks: float | None, tokens: float) -> float:
@@ -412,8 +416,11 @@ class SessionAdmissionPolicy:
 
     # ----------------------------------------------------------------- caps
 
-    def _class_demand_blocks(self, demand: dict[str, int]) -> tuple[dict[str, float], dict[str, float]] | None:
-        """(k_b, D_b) per class for class caps, or None when admission is class-agnostic."""
+    def _class_demand_blocks(
+        self, demand: dict[str, int], candidate: SessionRecord | None = None
+    ) -> tuple[dict[str, float], dict[str, float]] | None:
+        """(k_b, D_b) per class for class caps (k_b as if ``candidate`` were admitted), or
+        None when admission is class-agnostic."""
         return None
 
     def _class_quotas(
@@ -432,14 +439,21 @@ class SessionAdmissionPolicy:
         return demand
 
     def instance_caps(self, view: InstanceView, candidate: SessionRecord | None = None) -> InstanceCaps:
-        """Caps of ``view``'s instance as seen when evaluating ``candidate`` (None: no candidate)."""
+        """Caps of ``view``'s instance as seen when evaluating ``candidate`` (None: no candidate).
+
+        The footprints k_b (k_ref) are estimated on the ledger as it will be once the
+        candidate is admitted: its demand is counted in N_{w,b}, and its observed blocks
+        (a rebound or re-acquiring session has some) in the protected mean that bounds
+        k_b from below. Otherwise admitting a session with a large observed footprint
+        would raise k_b right after the Eq. (3) check and leave Σ k~_s above C_w.
+        """
         w = view.instance
         C, stale = self.protected_capacity_blocks(view)
         counts = dict(self.ledger.class_counts(w))
         n = sum(counts.values())
-        split = self._class_demand_blocks(self._demand(w, candidate))
+        split = self._class_demand_blocks(self._demand(w, candidate), candidate)
         if split is None or not split[1]:
-            k_ref = self.reference_blocks()
+            k_ref = self.reference_blocks(candidate)
             k_by_class = {b: k_ref for b in counts}
             if candidate is not None:
                 k_by_class[candidate.workload_class] = k_ref

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.ledger import SessionRecord
 from router.policies.base import ClusterView, Decision, Request
 from router.policies.misa_t import MisaTConfig, MisaTPolicy
 
@@ -52,10 +53,10 @@ class MisaTOraclePolicy(MisaTPolicy):
         table = after if self._now >= self.config.switch_s else before
         return table.get(b)
 
-    def class_reference_blocks(self, workload_class: str) -> float:
-        """k_b: the true value for the current phase."""
+    def class_reference_blocks(self, workload_class: str, candidate: SessionRecord | None = None) -> float:
+        """k_b: the true value for the current phase (misa_t's estimate for other classes)."""
         v = self._truth(self.config.k_blocks_before, self.config.k_blocks_after, workload_class)
-        return v if v is not None else super().class_reference_blocks(workload_class)
+        return v if v is not None else super().class_reference_blocks(workload_class, candidate)
 
     def class_residency_s(self, workload_class: str) -> float:
         """T_b: the true value for the current phase."""
