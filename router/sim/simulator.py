@@ -7,6 +7,29 @@ and feeds the policy the same events the live router does (RequestStarted,
 RequestFinished, SessionEnded, KV events, periodic MetricsSampled like a scrape), with a
 configurable delay and loss for signals.
 
+Held requests wait in queues (:class:`_HeldQueue`). New sessions (a session's first
+request) of one workload class share a queue, in the order they were first held; any
+other held request (a continuation that must re-acquire admission) is a queue of its
+own. Only the head of a queue is re-asked after its ``recheck_after_s``; when it is
+admitted, the next one is asked at once, and so on until one is held again (it becomes
+the head). The others are re-asked only every ``held_refresh_s`` (so a policy never
+takes them for abandoned). This rests on a property every policy here has: a policy
+holds a new session while an older new session of its class is held (session_admission,
+misa, misa_t admit held sessions of a class in arrival order; aimd and tool_pause hold
+new sessions on conditions that do not depend on the session; cache_aware and
+round_robin hold only when no instance is healthy). A younger new session is therefore
+admitted at the moment the one before it is, not up to one recheck delay later.
+
+The head of a new-session queue is re-asked only if something that can change a
+decision reached the policy since it was last asked: a request admitted, started or
+finished, a session ended, a new request held, a metric sample, a cache reset. KV
+block events alone (prefix-index updates) change where an admitted request goes, not
+whether it is admitted, so they do not count; nor does time passing, except that a head
+is asked at least every ``held_refresh_s``. A skipped recheck is rescheduled with the
+last Hold's delay. Continuations are always re-asked (MISA-T Eq. 7 weighs the time
+already held). Before these two rules, re-asking held requests was most of the
+simulator's work at the paper's scale (every held request every 0.05-1 s).
+
 Events live in one heap ordered by (time, sequence). An engine step is one event; a
 multi-step decode chunk is one event that a new arrival can move earlier (a stale step
 event is recognised by its sequence number and skipped).
@@ -16,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,7 +66,7 @@ from router.sim.metrics import RequestLog, summarize
 from router.sim.trace import TraceSession
 from router.sim.trainer import Trainer
 
-_ARRIVE, _RECHECK, _STEP, _SCRAPE, _DELIVER, _TICK, _SYNC = range(7)
+_ARRIVE, _RECHECK, _STEP, _SCRAPE, _DELIVER, _TICK, _SYNC, _REFRESH = range(8)
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,9 @@ class SimConfig:
             whole trace in at once) the window is the whole run.
         timeline_period_s: period of the timeline samples (plots).
         min_recheck_s: floor on a Hold's recheck delay (a 0 would stall the clock).
+        held_refresh_s: every held request is asked again at least this often, whatever
+            happened (a policy may drop a held session nobody re-asks for long:
+            session_admission's ``held_forget_s``; half of that is used when it is shorter).
         horizon_s: stop the run at this simulated time (None: when all units finished).
         weight_sync_period_s: reset every engine's prefix cache this often (None: never).
         shift: optional workload shift.
@@ -104,6 +131,7 @@ class SimConfig:
     warmup_frac: float = 0.1
     timeline_period_s: float = 30.0
     min_recheck_s: float = 0.05
+    held_refresh_s: float = 120.0
     horizon_s: float | None = None
     weight_sync_period_s: float | None = None
     shift: WorkloadShift | None = None
@@ -122,6 +150,22 @@ class _SessionRun:
     released_s: float = 0.0
     admitted_s: float | None = None
     final_tokens: int = 0
+
+
+class _HeldQueue:
+    """Held requests sharing a recheck (see the module docstring), oldest first.
+
+    Attributes:
+        requests: the held requests; only ``requests[0]`` (the head) has a recheck event.
+        hold: the head's last Hold; asked_epoch / asked_s: the simulator's epoch and the
+            time when the head was last asked.
+    """
+
+    __slots__ = ("requests", "hold", "asked_epoch", "asked_s")
+
+    def __init__(self, sreq: SimRequest, hold: Hold, epoch: int, now: float) -> None:
+        self.requests: deque[SimRequest] = deque((sreq,))
+        self.hold, self.asked_epoch, self.asked_s = hold, epoch, now
 
 
 @dataclass
@@ -171,6 +215,13 @@ class Simulation:
         self.log = RequestLog()
         self.timeline: list[dict] = []
         self._runs: dict[str, _SessionRun] = {}
+        # held requests: queue key -> requests in the order first held; only the head has
+        # a recheck event in the heap (see the module docstring)
+        self._held: dict[str, _HeldQueue] = {}
+        # bumped whenever the policy hears something that can change a held request's decision
+        self._epoch = 0
+        forget_s = getattr(getattr(policy, "config", None), "held_forget_s", None)
+        self._refresh_s = min(config.held_refresh_s, forget_s / 2) if forget_s else config.held_refresh_s
         self._window: dict[str, float] = {}
         self._window_counters: dict[str, list] = {}
         total = self.trainer.releasable_units()
@@ -186,11 +237,13 @@ class Simulation:
         self._release()
         self._push(0.0, _SCRAPE)
         self._push(0.0, _TICK)
+        self._push(self._refresh_s, _REFRESH)
         if self.cfg.weight_sync_period_s:
             self._push(self.cfg.weight_sync_period_s, _SYNC)
         handlers = {
             _ARRIVE: self._on_arrive, _RECHECK: self._on_recheck, _STEP: self._on_step,
             _SCRAPE: self._on_scrape, _DELIVER: self._on_deliver, _TICK: self._on_tick, _SYNC: self._on_sync,
+            _REFRESH: self._on_refresh,
         }
         horizon = self.cfg.horizon_s
         n_events = 0
@@ -289,19 +342,57 @@ class Simulation:
         return ClusterView(tuple(views))
 
     def _on_arrive(self, run: _SessionRun, _b: Any) -> None:
-        self._decide(self._make_request(run))
+        sreq = self._make_request(run)
+        hold = self._decide(sreq)
+        if hold is None:
+            return
+        self._epoch += 1  # one more held session: class demand (MISA's N_wb) changed
+        # a new session queues behind its class's held new sessions; a continuation alone
+        key = "new:" + sreq.request.workload_class if run.turn == 0 else "session:" + sreq.request.session_id
+        queue = self._held.get(key)
+        if queue is not None:
+            queue.requests.append(sreq)  # behind the head: asked again when the head is admitted
+        else:
+            self._held[key] = _HeldQueue(sreq, hold, self._epoch, self.now)
+            self._push_recheck(key, hold)
 
-    def _on_recheck(self, sreq: SimRequest, _b: Any) -> None:
-        self._decide(sreq)
+    def _push_recheck(self, key: str, hold: Hold) -> None:
+        self._push(self.now + max(hold.recheck_after_s, self.cfg.min_recheck_s), _RECHECK, key)
 
-    def _decide(self, sreq: SimRequest) -> None:
+    def _on_recheck(self, key: str, _b: Any) -> None:
+        """Ask the head of held queue ``key`` again; on admission the next one, until one is held."""
+        queue = self._held[key]
+        if (queue.asked_epoch == self._epoch and key.startswith("new:")
+                and self.now - queue.asked_s < self._refresh_s):
+            self._push_recheck(key, queue.hold)  # nothing it depends on changed: still held
+            return
+        requests = queue.requests
+        while requests:
+            hold = self._decide(requests[0])
+            if hold is not None:
+                queue.hold, queue.asked_epoch, queue.asked_s = hold, self._epoch, self.now
+                self._push_recheck(key, hold)
+                return
+            requests.popleft()
+        del self._held[key]
+
+    def _on_refresh(self, _a: Any, _b: Any) -> None:
+        """Ask every held request behind the head of its queue again (see ``held_refresh_s``)."""
+        for queue in self._held.values():
+            for sreq in list(queue.requests)[1:]:
+                if self._decide(sreq) is None:
+                    queue.requests.remove(sreq)
+        self._push(self.now + self._refresh_s, _REFRESH)
+
+    def _decide(self, sreq: SimRequest) -> Hold | None:
+        """Ask the policy about ``sreq``: forward it if admitted (returns None), else return the Hold."""
         decision = self.policy.decide(sreq.request, self._view(), self.now)
         if isinstance(decision, Hold):
-            self._push(self.now + max(decision.recheck_after_s, self.cfg.min_recheck_s), _RECHECK, sreq)
-            return
+            return decision
         engine = self.by_name.get(decision.instance)
         if engine is None:
             raise SimError(f"policy {self.policy.name!r} admitted on unknown instance {decision.instance!r}")
+        self._epoch += 1
         self.policy.observe(RequestStarted(sreq.request, engine.instance, self.now))
         self._in_flight[engine.instance] += 1
         sreq.start_s = self.now
@@ -318,6 +409,7 @@ class Simulation:
             if end is not None:
                 self._step_seq[i] += 1
                 self._push(end, _STEP, i, self._step_seq[i])
+        return None
 
     def _schedule(self, i: int) -> None:
         engine = self.engines[i]
@@ -340,6 +432,7 @@ class Simulation:
     def _finish(self, engine: Engine, sreq: SimRequest) -> None:
         req = sreq.request
         self._in_flight[engine.instance] -= 1
+        self._epoch += 1
         self.policy.observe(RequestFinished(
             req, engine.instance, self.now, prompt_tokens=req.prompt_tokens,
             completion_tokens=sreq.output_tokens, cached_tokens=sreq.hit_tokens,
@@ -400,6 +493,9 @@ class Simulation:
         for ev in batch:
             if isinstance(ev, MetricsSampled):
                 self._latest[ev.instance] = (ev.metrics, ev.now)
+                self._epoch += 1
+            elif not isinstance(ev, (BlocksStored, BlocksRemoved)):
+                self._epoch += 1
             self.policy.observe(ev)
 
     def _on_sync(self, _a: Any, _b: Any) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 import router.sim  # noqa: F401  (registers the simulator's policies)
 from router.policies import make_policy
-from router.policies.base import Admit
+from router.policies.base import Admit, Hold, SessionEnded
 from router.sim.cost_model import HARDWARE, MODELS, RooflineCost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
@@ -132,3 +132,53 @@ def test_weight_sync_resets_lower_the_prefix_hit_rate(mini_trace):
     policy = make_policy("cache_aware", {"match_from": "prefix_index"})
     with_sync = Simulation(cfg_sync, mini_trace, policy).run().summary
     assert with_sync["prefix_hit_rate"] < no_sync["prefix_hit_rate"]
+
+
+class OneSessionAtATime:
+    """A test policy: one open session at a time; everyone else is held for 1 s."""
+
+    name = "one_at_a_time"
+
+    def __init__(self) -> None:
+        self.open: set[str] = set()
+        self.calls: list[tuple[float, str, str]] = []
+
+    def decide(self, request, view, now):
+        if request.session_id in self.open or not self.open:
+            self.open.add(request.session_id)
+            self.calls.append((now, request.session_id, "admit"))
+            return Admit(view.instances[0].instance)
+        self.calls.append((now, request.session_id, "hold"))
+        return Hold(1.0)
+
+    def observe(self, event):
+        if isinstance(event, SessionEnded):
+            self.open.discard(event.session_id)
+
+    def state(self):
+        return {}
+
+
+def single_turn_sessions(n: int, cls: str = "rlvr") -> list[TraceSession]:
+    return [TraceSession(f"s{i}", cls, f"s{i}", None, [TraceRecord(f"s{i}", cls, 0, 512, 256, session_end=True)])
+            for i in range(n)]
+
+
+def test_only_the_oldest_held_new_session_of_a_class_is_rechecked():
+    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=600, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"rlvr": 1}, ceiling=5,
+                    context_limit_tokens=LIMIT)
+    policy = OneSessionAtATime()
+    summary = Simulation(cfg, single_turn_sessions(5), policy).run().summary
+    assert summary["units_completed"] == 5
+    admitted = [sid for _, sid, what in policy.calls if what == "admit"]
+    assert admitted == [f"s{i}" for i in range(5)]  # in arrival order
+    for k in range(2, 5):
+        mine = [t for t, sid, _ in policy.calls if sid == f"s{k}"]
+        # asked on arrival, then not until the one before it is admitted (from the held
+        # queue, where s1 was the head): at that very moment
+        previous_admitted_s = next(t for t, sid, what in policy.calls if sid == f"s{k - 1}" and what == "admit")
+        assert mine[0] == 0.0 < previous_admitted_s == mine[1]
+    # holds are rechecked after recheck_after_s, not sooner: a few per second at most
+    holds = sum(what == "hold" for _, _, what in policy.calls)
+    assert holds <= 4 + 2 * summary["sim_end_s"]
