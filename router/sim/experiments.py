@@ -56,14 +56,20 @@ class ClusterSpec:
     sweep_ceilings: tuple[int, ...] = (64, 128, 192, 256)
     permissive_ceiling: int = 512
 
-    def kv_blocks(self, block_size: int, scale: float) -> int:
-        """KV blocks per replica (roofline memory model), times ``scale``."""
+    def kv_blocks(self, block_size: int, scale: float, context_limit_tokens: int = 0) -> int:
+        """KV blocks per replica (roofline memory model), times ``scale``, but never fewer than
+        one ``context_limit_tokens`` sequence needs: vLLM refuses to start an engine whose KV
+        cache cannot hold one sequence of the model's length, and a request larger than the
+        pool could never finish (it would preempt itself forever). Below the scale where
+        that floor binds (about 0.042 for step3.7-like, 0.1 for qwen3.6-like at 128K) the
+        system stops shrinking with ``scale``."""
         model, hw = _lookup(MODELS, self.model, "model"), _lookup(HARDWARE, self.hardware, "hardware")
-        return max(1, int(kv_blocks_for(model, hw, self.tp, block_size, self.gpu_memory_utilization) * scale))
+        scaled = int(kv_blocks_for(model, hw, self.tp, block_size, self.gpu_memory_utilization) * scale)
+        return max(1, scaled, -(-context_limit_tokens // block_size))
 
     def safe_ceiling(self, block_size: int, scale: float, context_limit_tokens: int) -> int:
         """Units that fit with every session at the full context limit (the "128K-safe" ceiling)."""
-        per_replica = self.kv_blocks(block_size, scale) * block_size // context_limit_tokens
+        per_replica = self.kv_blocks(block_size, scale, context_limit_tokens) * block_size // context_limit_tokens
         return max(1, per_replica * self.instances)
 
 
@@ -112,7 +118,7 @@ def build_sim_config(spec: RunSpec) -> SimConfig:
     eng = dict(spec.engine)
     bs = int(eng.get("block_size", 16))
     try:
-        engine = EngineConfig(num_blocks=c.kv_blocks(bs, spec.scale), **eng)
+        engine = EngineConfig(num_blocks=c.kv_blocks(bs, spec.scale, spec.context_limit_tokens), **eng)
         signals = SignalConfig(**spec.signals)
     except TypeError as exc:
         raise SimError(f"bad engine or signals option: {exc}") from None

@@ -193,8 +193,21 @@ class Simulation:
         self.cfg = config
         self.policy = policy
         bs = config.engine.block_size
+        if config.engine.num_blocks * bs < config.context_limit_tokens:
+            # vLLM refuses to start such an engine; here a request larger than the pool would
+            # preempt itself forever and the run would never end
+            raise SimError(
+                f"engine KV cache holds {config.engine.num_blocks} blocks x {bs} tokens = "
+                f"{config.engine.num_blocks * bs} tokens, less than one sequence at the context limit "
+                f"({config.context_limit_tokens} tokens); give the engines more blocks or lower the limit"
+            )
         for s in sessions:
             for r in s.requests:
+                if r.prompt_tokens >= config.context_limit_tokens:
+                    raise SimError(
+                        f"session {s.session_id!r} turn {r.turn}: prompt of {r.prompt_tokens} tokens does not fit "
+                        f"the context limit ({config.context_limit_tokens} tokens); raise context_limit_tokens"
+                    )
                 if r.prompt_hashes is not None and r.block_size != bs:
                     raise SimError(
                         f"session {s.session_id!r} turn {r.turn}: prompt_hashes use block_size {r.block_size} "
@@ -309,7 +322,9 @@ class Simulation:
         limit = self.cfg.context_limit_tokens
         output = rec.output_tokens
         if run.output_factor != 1.0:
-            output = int(min(max(1, round(output * run.output_factor)), limit - rec.prompt_tokens))
+            output = round(output * run.output_factor)
+        # the engine stops at max_tokens = limit - prompt, as vLLM does
+        output = int(min(max(1, output), limit - rec.prompt_tokens))
         n_prompt_blocks = rec.prompt_tokens // bs
         n_stream_blocks = (rec.prompt_tokens + output) // bs
         if rec.prompt_hashes is not None:

@@ -98,7 +98,8 @@ def test_kv_events_reach_the_policy_prefix_index(mini_trace):
 def test_recorded_hashes_at_another_block_size_are_refused_before_the_run():
     rec = TraceRecord("s", "agent", 0, 128, 4, prompt_hashes=[1, 2], block_size=64, session_end=True)
     cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=100, block_size=16),
-                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"agent": 1}, ceiling=1)
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"agent": 1}, ceiling=1,
+                    context_limit_tokens=1024)
     with pytest.raises(SimError, match="block_size 64"):
         Simulation(cfg, [TraceSession("s", "agent", "s", None, [rec])], make_policy("round_robin"))
 
@@ -116,7 +117,7 @@ def test_admit_on_an_unknown_instance_is_reported(mini_trace):
         def state(self):
             return {}
 
-    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=100, block_size=64),
+    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=600, block_size=64),
                     cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=2,
                     context_limit_tokens=LIMIT)
     with pytest.raises(SimError, match="unknown instance 'nowhere'"):
@@ -182,3 +183,36 @@ def test_only_the_oldest_held_new_session_of_a_class_is_rechecked():
     # holds are rechecked after recheck_after_s, not sooner: a few per second at most
     holds = sum(what == "hold" for _, _, what in policy.calls)
     assert holds <= 4 + 2 * summary["sim_end_s"]
+
+
+def test_an_engine_smaller_than_one_full_context_sequence_is_refused():
+    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=100, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"rlvr": 1}, ceiling=1,
+                    context_limit_tokens=LIMIT)
+    with pytest.raises(SimError, match="less than one sequence at the context limit"):
+        Simulation(cfg, single_turn_sessions(1), make_policy("round_robin"))
+
+
+def test_a_prompt_beyond_the_context_limit_is_refused_before_the_run():
+    cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=600, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"rlvr": 1}, ceiling=1,
+                    context_limit_tokens=LIMIT)
+    trace = [TraceSession("s", "rlvr", "s", None, [TraceRecord("s", "rlvr", 0, LIMIT, 8, session_end=True)])]
+    with pytest.raises(SimError, match="session 's' turn 0: prompt of 32768 tokens"):
+        Simulation(cfg, trace, make_policy("round_robin"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scale", [0.01, 0.04])
+def test_a_tiny_scale_run_terminates_with_every_unit_complete(scale):
+    # Below scale ~0.042 the scaled KV pool of a step3.7-like replica no longer holds one
+    # 128K-token sequence; such a request used to preempt itself forever.
+    from router.sim.experiments import ClusterSpec, RunSpec, run_one
+
+    cluster = ClusterSpec("step3.7-like", "step3.7-like", "H200", 8, 2)
+    spec = RunSpec("tiny", cluster, "misa_t", {"k_prior_tokens": 16384}, ceiling=max(1, round(512 * scale)),
+                   seed=0, scale=scale, engine={"block_size": 256}, signals={},
+                   mixture={"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2})
+    assert cluster.kv_blocks(256, scale, 131072) * 256 >= 131072
+    summary = run_one(spec)["summary"]
+    assert summary["units_completed"] == summary["units_released"] > 0
