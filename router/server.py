@@ -21,9 +21,11 @@ the request is decided again (retried elsewhere, up to ``max_retries``). Once st
 has begun, the client gets the error as a final SSE ``data: {"error": ...}`` event.
 
 Bad input gets an OpenAI-format JSON error ``{"error": {"message", "type", "code"}}``:
-malformed JSON or missing fields 400, wrong method 405, unknown path 404, body over
-``max_body_bytes`` 413; a router bug answers 500 with the message, the traceback goes
-to the log only.
+400 for a body that is not a UTF-8 JSON object or nests too deeply (``invalid_json``),
+missing fields (``missing_field``), a field the router reads with the wrong type
+(``invalid_type``) or a prompt it cannot read (``invalid_prompt``); wrong method 405,
+unknown path 404, body over ``max_body_bytes`` 413; a router bug answers 500 with the
+message, the traceback goes to the log only.
 """
 
 from __future__ import annotations
@@ -452,17 +454,21 @@ class RouterService:
         return await self._generate(http, "chat", "/v1/chat/completions")
 
     async def _read_body(self, http: web.Request, endpoint: Endpoint) -> tuple[bytes, dict]:
+        """The raw body and its decoded JSON object, with the fields the router reads checked.
+
+        Raises:
+            ClientError: 400 for a body that is not a UTF-8 JSON object, nests too deeply,
+                lacks ``model`` and ``messages``/``prompt``, or gives a field the router reads
+                (``model``, ``stream``, ``max_tokens``, ``max_completion_tokens``) the wrong
+                type. ``messages``/``prompt`` are checked by the tokenizer (``PromptError``).
+        """
         raw = await http.read()
-        try:
-            body = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:
-            raise ClientError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-        if not isinstance(body, dict):
-            raise ClientError(400, "request body must be a JSON object", "invalid_json")
+        body = decode_json_object(raw)
         required = ("model", "messages") if endpoint == "chat" else ("model", "prompt")
         missing = [k for k in required if k not in body]
         if missing:
             raise ClientError(400, f"missing required field(s) {', '.join(missing)} in the request body", "missing_field")
+        check_field_types(body)
         return raw, body
 
     async def _generate(self, http: web.Request, endpoint: Endpoint, path: str) -> web.StreamResponse:
@@ -715,11 +721,11 @@ class RouterService:
 
     async def _reset_prefix_index(self, http: web.Request) -> web.Response:
         raw = await http.read()
-        try:
-            body = msgspec.json.decode(raw) if raw.strip() else {}
-        except msgspec.DecodeError as exc:
-            raise ClientError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-        target = body.get("instance") if isinstance(body, dict) else None
+        body = decode_json_object(raw) if raw.strip() else {}
+        target = body.get("instance")
+        if target is not None and not isinstance(target, str):
+            raise ClientError(400, f"'instance' must be an engine URL string or null, got {_json_type(target)}",
+                              "invalid_type")
         if target is None:
             targets = list(self.instances)
         else:
@@ -732,6 +738,63 @@ class RouterService:
             self.translator.clear(instance)
             self.observe(AllBlocksCleared(instance, now))
         return web.json_response({"cleared": targets})
+
+
+def _json_type(value: Any) -> str:
+    """``value`` for an error message: a scalar as JSON (cut to 40 characters), else its type."""
+    if isinstance(value, (list, dict)):
+        return "an array" if isinstance(value, list) else "an object"
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def decode_json_object(raw: bytes) -> dict:
+    """Decode a request body that must be one JSON object (UTF-8).
+
+    Raises:
+        ClientError: 400 ``invalid_json`` naming the problem: invalid UTF-8 (with the byte
+            offset), malformed JSON, nesting deeper than the decoder's limit, or a value
+            that is not an object.
+    """
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise ClientError(400, f"request body is not valid UTF-8 (byte {raw[bad.start]:#04x} at offset "
+                              f"{bad.start}); send JSON encoded as UTF-8", "invalid_json") from None
+        raise ClientError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:  # msgspec stops at ~1000 nested arrays/objects
+        raise ClientError(400, "request body nests JSON arrays/objects too deeply (the limit is about "
+                          "1000 levels); an OpenAI request needs a few", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ClientError(400, f"request body must be a JSON object, got {_json_type(body)}", "invalid_json")
+    return body
+
+
+def check_field_types(body: dict) -> None:
+    """Check the types of the request fields the router reads besides the prompt.
+
+    ``model`` must be a string, ``stream`` true/false/null, ``max_tokens`` and
+    ``max_completion_tokens`` non-negative integers or null.
+
+    Raises:
+        ClientError: 400 ``invalid_type`` naming the field, the expected and the given type.
+    """
+    checks = (
+        ("model", lambda v: isinstance(v, str), "a string"),
+        ("stream", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+        ("max_tokens", _is_token_count, "a non-negative integer or null"),
+        ("max_completion_tokens", _is_token_count, "a non-negative integer or null"),
+    )
+    for name, ok, expected in checks:
+        if name in body and not ok(body[name]):
+            raise ClientError(400, f"'{name}' must be {expected}, got {_json_type(body[name])}", "invalid_type")
+
+
+def _is_token_count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
 def _reply_headers(upstream: aiohttp.ClientResponse) -> dict:

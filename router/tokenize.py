@@ -90,6 +90,37 @@ def _is_token_list(prompt: Any) -> bool:
     return isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
 
 
+MAX_TOKEN_ID = 2**63 - 1
+"""Largest token id accepted without a tokenizer (block hashing packs ids as int64)."""
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    """``messages`` as OpenAI chat messages: objects with a string ``role`` and a
+    ``content`` that is a string, null, or a list of content-part objects.
+
+    Raises:
+        PromptError: the first message that is not, named by its index.
+    """
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise PromptError("'messages' must be a list of message objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str):
+            raise PromptError(f"'messages[{i}].role' must be a string such as \"user\"")
+        content = m.get("content")
+        if not (content is None or isinstance(content, str)
+                or isinstance(content, list) and all(isinstance(p, dict) for p in content)):
+            raise PromptError(f"'messages[{i}].content' must be a string, null or a list of content-part objects")
+    return messages
+
+
+def _check_token_ids(ids: list[int], vocab_size: int | None) -> None:
+    """Raises PromptError for a token id outside [0, vocab_size) (or [0, 2^63) without a tokenizer)."""
+    limit = vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1
+    bad = next((t for t in ids if not 0 <= t < limit), None)
+    if bad is not None:
+        raise PromptError(f"'prompt' token id {bad} is out of range: ids must be in [0, {limit})")
+
+
 class PromptTokenizer:
     """Turns request bodies into :class:`PromptInfo` for one model and block size.
 
@@ -116,16 +147,19 @@ class PromptTokenizer:
         """The prompt's token ids (None without a tokenizer) and its text.
 
         Raises:
-            PromptError: ``messages`` is not a list of messages, or ``prompt`` is neither
-                a string nor a list of token ids (a list of prompts is read as its first).
+            PromptError: ``messages`` is not a list of messages (string ``role``; string,
+                null or content-part list ``content``) or the chat template cannot render
+                it; ``prompt`` is neither a string nor a list of token ids (a list of
+                prompts is read as its first), or holds an id outside the vocabulary.
         """
         if endpoint == "chat":
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise PromptError("'messages' must be a list of message objects")
+            messages = _check_messages(body.get("messages"))
             if self._tokenizer is None:
                 return None, _message_text(messages)
-            text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as exc:  # the template raises what it likes on content it cannot render
+                raise PromptError(f"the model's chat template cannot render 'messages': {type(exc).__name__}: {exc}") from None
             # The template already holds the special tokens (BOS); vLLM does not add more.
             return self._tokenizer.encode(text, add_special_tokens=False), text
         prompt = body.get("prompt")
@@ -133,6 +167,7 @@ class PromptTokenizer:
             prompt = prompt[0]  # a batch of prompts: place the batch by its first
         if _is_token_list(prompt):
             ids = list(prompt)
+            _check_token_ids(ids, len(self._tokenizer) if self._tokenizer is not None else None)
             text = self._tokenizer.decode(ids) if self._tokenizer is not None else ""
             return ids, text
         if not isinstance(prompt, str):

@@ -1,33 +1,12 @@
-"""Prompt -> token ids -> block hashes (router/tokenize.py), with a tiny local tokenizer."""
+"""Prompt -> token ids -> block hashes (router/tokenize.py), with a tiny local tokenizer
+(``model_dir`` in conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from router.prefix_index import chain_hashes
 from router.tokenize import PromptError, PromptTokenizer
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A word-level tokenizer with a ChatML template, saved like a model folder."""
-    words = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system", "hello", "world", "again", "\n"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.WhitespaceSplit()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
-                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    fast.chat_template = CHATML
-    path = tmp_path_factory.mktemp("model")
-    fast.save_pretrained(path)
-    return str(path)
-
 
 def test_chat_prompt_rendered_with_template_and_hashed_per_full_block(model_dir):
     tokenizer = PromptTokenizer(model_dir, block_size=4)

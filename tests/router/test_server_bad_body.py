@@ -1,0 +1,123 @@
+"""Malformed request bodies get a 400 with an OpenAI-format JSON error, never a 500.
+
+The router runs in aiohttp's test client in front of engine URLs that nobody serves: a
+refused body never reaches an engine, and no engine is needed to show it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from router.policies import RoundRobinPolicy
+from router.policies.base import RequestStarted
+from router.server import RouterService, ServiceConfig
+from router.tokenize import PromptTokenizer
+
+NO_ENGINES = ["http://127.0.0.1:9", "http://127.0.0.1:10"]  # discard ports: nothing answers
+
+
+class CountingPolicy(RoundRobinPolicy):
+    """round_robin that counts decisions (a refused body must not reach the policy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decisions = 0
+        self.started: list = []
+
+    def decide(self, request, view, now):
+        self.decisions += 1
+        return super().decide(request, view, now)
+
+    def observe(self, event) -> None:
+        if isinstance(event, RequestStarted):
+            self.started.append(event)
+
+
+async def _post(path: str, content: bytes, model_dir: str | None = None) -> tuple[int, dict, CountingPolicy]:
+    policy = CountingPolicy()
+    service = RouterService(policy, NO_ENGINES, tokenizer=PromptTokenizer(model_dir, block_size=4),
+                            config=ServiceConfig(scrape_interval_s=60, max_body_bytes=1 << 20, probe_interval_s=0.05,
+                                                 no_engine_timeout_s=0.2, max_retries=1))
+    async with TestClient(TestServer(service.make_app())) as client:
+        r = await client.post(path, data=content, headers={"Content-Type": "application/json"})
+        return r.status, await r.json(), policy
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"model": "m", "prompt": "p", "extra": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+BAD_BODIES = [
+    # (path, body, code, words the message must contain)
+    ("/v1/completions", _nested(100_000), "invalid_json", "too deeply"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+     "invalid_json", "too deeply"),
+    ("/v1/completions", b'{"model": "m", "prompt": "caf\xe9"}', "invalid_json", "not valid UTF-8"),
+    ("/v1/completions", b"\xff\xfe{}", "invalid_json", "not valid UTF-8"),
+    ("/v1/completions", b"", "invalid_json", "not valid JSON"),
+    ("/v1/completions", b'"a string"', "invalid_json", 'must be a JSON object, got "a string"'),
+    ("/v1/completions", b"42", "invalid_json", "must be a JSON object, got 42"),
+    ("/v1/completions", b"null", "invalid_json", "must be a JSON object, got null"),
+    ("/v1/chat/completions", b"[]", "invalid_json", "must be a JSON object, got an array"),
+    ("/v1/completions", b'{"model": 7, "prompt": "p"}', "invalid_type", "'model' must be a string"),
+    ("/v1/completions", b'{"model": "m", "prompt": "p", "stream": "yes"}', "invalid_type", "'stream'"),
+    ("/v1/completions", b'{"model": "m", "prompt": "p", "max_tokens": "8"}', "invalid_type", "'max_tokens'"),
+    ("/v1/completions", b'{"model": "m", "prompt": "p", "max_tokens": -1}', "invalid_type", "'max_tokens' must be a non-negative integer or null, got -1"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": [], "max_completion_tokens": 1.5}',
+     "invalid_type", "'max_completion_tokens'"),
+    ("/v1/completions", b'{"model": "m", "prompt": [1, 99999999999999999999]}', "invalid_prompt", "out of range"),
+    ("/v1/completions", b'{"model": "m", "prompt": [-3]}', "invalid_prompt", "out of range"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": "hi"}]}', "invalid_prompt",
+     "'messages[0].role'"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": 5}]}', "invalid_prompt",
+     "'messages[0].content'"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": ["x"]}]}',
+     "invalid_prompt", "content-part"),
+    ("/admin/reset_prefix_index", b"[1, 2]", "invalid_json", "must be a JSON object"),
+    ("/admin/reset_prefix_index", b'{"instance": 3}', "invalid_type", "'instance'"),
+    ("/admin/reset_prefix_index", b'{"instance": ' + b"[" * 3000 + b"]" * 3000 + b"}", "invalid_json",
+     "too deeply"),
+]
+
+
+@pytest.mark.parametrize(("path", "content", "code", "words"), BAD_BODIES,
+                         ids=[f"{p}:{c}:{w}" for p, _, c, w in BAD_BODIES])
+async def test_malformed_body_gets_400_with_a_message_saying_what_is_wrong(path, content, code, words):
+    status, body, policy = await _post(path, content)
+    assert status == 400, body
+    err = body["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == code
+    assert words in err["message"], err["message"]
+    assert policy.decisions == 0 and not policy.started
+
+
+async def test_chat_template_failure_is_a_400_not_a_500(model_dir):
+    status, body, policy = await _post("/v1/chat/completions", b'{"model": "m", "messages": []}', model_dir)
+    assert status == 400 and body["error"]["code"] == "invalid_prompt", body
+    assert "chat template cannot render" in body["error"]["message"] and policy.decisions == 0
+
+
+def test_any_template_exception_becomes_a_prompt_error(model_dir):
+    from router.tokenize import PromptError
+
+    tokenizer = PromptTokenizer(model_dir, block_size=4)
+    hf, template = tokenizer._tokenizer, tokenizer._tokenizer.chat_template  # cached: restored below
+    hf.chat_template = "{{ messages[0]['content'] + '!' }}"  # str + list: TypeError
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
+    try:
+        with pytest.raises(PromptError, match="TypeError"):
+            tokenizer.prompt_info(body, "chat")
+    finally:
+        hf.chat_template = template
+
+
+async def test_token_id_beyond_the_vocabulary_is_a_400_with_a_tokenizer(model_dir):
+    status, body, _ = await _post("/v1/completions", b'{"model": "m", "prompt": [1, 2, 10]}', model_dir)
+    assert status == 400 and "[0, 10)" in body["error"]["message"]
+
+
+async def test_deep_but_legal_nesting_is_forwarded_like_any_body():
+    """Depth below the decoder's limit is the engine's business: the router decides and forwards."""
+    status, _, policy = await _post("/v1/completions", _nested(200))
+    assert policy.decisions >= 1 and status in (502, 503)  # no engine answers at the discard ports
