@@ -35,6 +35,7 @@ import httpx
 from omegaconf import DictConfig
 
 from rollout.process import ManagedProcess, ProcessStartError, free_port
+from router.urls import engine_urls_problem
 
 
 class EngineError(RuntimeError):
@@ -234,6 +235,9 @@ def validate_engine_cfg(ecfg: DictConfig) -> None:
         raise bad("request_timeout_s", "give seconds > 0, or null for the router's default")
     if not 0 < float(ecfg.gpu_memory_utilization) <= 1:
         raise bad("gpu_memory_utilization", "give a fraction in (0, 1]")
+    problem = engine_urls_problem(ecfg.get("urls") or [], "engine.urls")
+    if problem is not None:  # before any health check waits startup_timeout_s on it
+        raise EngineError(problem)
 
 
 def wait_until_healthy(url: str, timeout_s: float) -> None:

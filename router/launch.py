@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from rollout.process import ManagedProcess, free_port
 
 from router.policies.base import RouterConfigError
+from router.urls import engine_urls_problem, normalize_engine_urls
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,10 +82,14 @@ def router_argv(
     None = the router's own default.
 
     Raises:
-        RouterConfigError: unknown ``impl``, or ``vllm-router`` not installed.
+        RouterConfigError: unknown ``impl``, an engine URL that is not ``http(s)://host:port``
+            (named as ``engine.urls``), or ``vllm-router`` not installed.
     """
     impl = router_cfg.get("impl", "ours")
-    urls = [u.rstrip("/") for u in engine_urls]
+    problem = engine_urls_problem(engine_urls, "engine.urls")
+    if problem is not None:
+        raise RouterConfigError(problem)
+    urls = normalize_engine_urls(engine_urls)
     if impl == "vllm":
         timeout = ([] if request_timeout_s is None
                    else ["--request-timeout-secs", str(max(1, round(float(request_timeout_s))))])
@@ -143,7 +148,7 @@ def start_router(
         request_timeout_s: longest wait for one engine answer; None = the router's default.
 
     Raises:
-        RouterConfigError: bad ``router_cfg``.
+        RouterConfigError: bad ``router_cfg`` or engine URL.
         rollout.process.ProcessStartError: the router exited or stayed unhealthy; the
             message holds its log's last lines.
     """

@@ -63,6 +63,7 @@ from router.policies.base import (
 )
 from router.signals import KvEventSubscriber, KvHashTranslator, MetricsScraper
 from router.tokenize import Endpoint, PromptError, PromptTokenizer
+from router.urls import engine_urls_problem, normalize_engine_urls
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,8 @@ class RouterService:
 
     Args:
         policy: a routing policy (``router.policies.make_policy``).
-        engine_urls: engine base URLs, in the policy's instance order.
+        engine_urls: engine base URLs (``http(s)://host:port``), in the policy's instance
+            order; anything else raises RouterConfigError naming ``engines.urls``.
         kv_event_endpoints: ZMQ endpoints, same order as ``engine_urls`` (may be empty).
         tokenizer: turns bodies into prompt length and block hashes.
         config: transport options.
@@ -228,7 +230,10 @@ class RouterService:
         block_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        urls = [u.rstrip("/") for u in engine_urls]
+        problem = engine_urls_problem(engine_urls, "engines.urls")
+        if problem is not None:
+            raise RouterConfigError(problem)
+        urls = normalize_engine_urls(engine_urls)
         if not urls:
             raise RouterConfigError("no engines: set engines.urls=[http://host:port,...]")
         if len(set(urls)) != len(urls):
@@ -881,7 +886,7 @@ def build_service(cfg: Any) -> RouterService:
     tokenizer = PromptTokenizer(cfg.model.path)
     return RouterService(
         policy,
-        list(cfg.engines.urls),
+        cfg.engines.urls,  # checked as a list there: a plain string is refused, not split into characters
         list(cfg.engines.kv_event_endpoints or []),
         tokenizer=tokenizer,
         config=config,
