@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,10 @@ from agents.envs.task import Task, TaskError, load_tasks
 from agents.loop import DEFAULT_SYSTEM_PROMPT, EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode
 from rollout.client import ModelClient, SessionHeaders
 from agents.toolcall import ToolCallFormat
+from rl.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from router.policies.base import RouterConfigError, UnknownOptionError
+from router.policies.registry import build_config
+from router.urls import url_problem
 from sandbox import IsolationConfig, Limits, SandboxError
 
 log = logging.getLogger("agents.server")
@@ -47,29 +51,42 @@ class AgentServerError(ValueError):
     """Bad agent-server configuration or episode request; the message says what to fix."""
 
 
+class UnknownAgentServerOption(AgentServerError):
+    """An option name the agent server does not know (added with ``+``); ``python -m
+    agents.server`` exits 2 for it, as for an unknown config key."""
+
+
+def _options(cls, node, where: str):
+    """``cls`` built from the config group ``node`` (at key ``where``), keys and types checked.
+
+    Raises:
+        UnknownAgentServerOption: a key ``cls`` does not have.
+        AgentServerError: a value of the wrong type, or one ``cls`` refuses.
+    """
+    data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    try:
+        return build_config(cls, data, where)
+    except UnknownOptionError as e:
+        raise UnknownAgentServerOption(str(e)) from None
+    except RouterConfigError as e:
+        raise AgentServerError(str(e)) from None
+
+
 def episode_config(cfg: DictConfig) -> EpisodeConfig:
     """Build the fixed per-episode settings from the server's Hydra config.
 
     Raises:
-        AgentServerError: an unknown key in a limits group.
+        UnknownAgentServerOption: an unknown key in a limits or tool-format group.
+        AgentServerError: a value of the wrong type there.
     """
-    def make(cls, node):
-        data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise AgentServerError(f"unknown {cls.__name__} option(s) {sorted(unknown)}; "
-                                   f"known: {sorted(known)}")
-        return cls(**data)
-
     sb = cfg.sandbox
     isolation = IsolationConfig(bwrap=sb.bwrap, unsafe_no_isolation=sb.unsafe_no_isolation,
                                 tmp_size_bytes=sb.tmp_size_bytes, uid_base=sb.uid_base)
     return EpisodeConfig(
-        limits=make(EpisodeLimits, cfg.episode.limits),
-        command_limits=make(Limits, cfg.episode.command_limits),
-        test_limits=make(Limits, cfg.episode.test_limits),
-        isolation=isolation, tool_format=make(ToolCallFormat, cfg.tool_format),
+        limits=_options(EpisodeLimits, cfg.episode.limits, "episode.limits"),
+        command_limits=_options(Limits, cfg.episode.command_limits, "episode.command_limits"),
+        test_limits=_options(Limits, cfg.episode.test_limits, "episode.test_limits"),
+        isolation=isolation, tool_format=_options(ToolCallFormat, cfg.tool_format, "tool_format"),
         system_prompt=cfg.episode.system_prompt or DEFAULT_SYSTEM_PROMPT,
         max_observation_chars=cfg.episode.max_observation_chars,
         workspace_root=sb.workspace_root,
@@ -93,7 +110,7 @@ class AgentService:
                 continue
             path = HANDMADE_TASKS if path == "handmade" else Path(path)
             self.tasks.update(load_tasks(path))
-        self.chat_format = ChatFormat(**OmegaConf.to_container(cfg.chat_format, resolve=True))
+        self.chat_format = _options(ChatFormat, cfg.chat_format, "chat_format")
         self._renderers: dict[str, ChatRenderer] = {}
         self._renderer_lock = asyncio.Lock()
         self._models: dict[str, str] = {}
@@ -298,13 +315,55 @@ def make_app(service: AgentService) -> web.Application:
     return app
 
 
+def _is_base_url(v: Any) -> bool:
+    return url_problem(v) is None
+
+
+_WHOLE = number(whole=True, at_least=1)
+
+# The server's own values (agent_server.yaml), checked before it starts (a bad one: exit 1).
+VALUE_RULES: dict[str, Rule] = {
+    "host": (is_text, "a host name or address, e.g. 127.0.0.1"),
+    "port": (number(whole=True, at_least=0, at_most=65535), "a TCP port number (0-65535)"),
+    "router_url": (or_null(_is_base_url), "the router's base URL, e.g. router_url=http://127.0.0.1:8100, or null"),
+    "model": (or_null(is_text), "a served model name, or null"),
+    "tokenizer": (or_null(is_text), "a model folder, byte, or null"),
+    "workload_class": (is_text, "a workload class name such as agent"),
+    "tasks_path": (or_null(is_text), "a tasks.jsonl path, or null"),
+    "extra_tasks_paths": (or_null(lambda v: isinstance(v, list) and all(is_text(p) for p in v)),
+                          "a list of task files (or handmade), or null"),
+    "max_concurrent_episodes": (_WHOLE, "a whole number >= 1"),
+    "keep_results_s": (number(above=0), "seconds > 0"),
+    "model_timeout_s": (number(above=0), "seconds > 0"),
+    "model_retries": (number(whole=True, at_least=0), "a whole number >= 0"),
+    "sampling": (lambda v: isinstance(v, dict), "a mapping of request fields, e.g. {temperature: 1.0}"),
+    "episode.limits.max_turns": (_WHOLE, "a whole number >= 1"),
+    "episode.limits.max_context_tokens": (_WHOLE, "a whole number of tokens >= 1"),
+    "episode.limits.max_tokens_per_turn": (_WHOLE, "a whole number of tokens >= 1"),
+    "episode.limits.min_turn_tokens": (_WHOLE, "a whole number of tokens >= 1"),
+    "episode.limits.max_episode_s": (number(above=0), "seconds > 0"),
+    "episode.system_prompt": (or_null(lambda v: isinstance(v, str)), "a prompt text, or null"),
+    "episode.max_observation_chars": (_WHOLE, "a whole number >= 1"),
+    "episode.close_session_with_request": (lambda v: isinstance(v, bool), "true or false"),
+    "sandbox.bwrap": (is_text, "the bubblewrap program, e.g. bwrap"),
+    "sandbox.unsafe_no_isolation": (lambda v: isinstance(v, bool), "true or false"),
+    "sandbox.tmp_size_bytes": (_WHOLE, "a whole number of bytes >= 1"),
+    "sandbox.uid_base": (number(whole=True, at_least=0), "a whole number >= 0"),
+    "sandbox.workspace_root": (or_null(is_text), "a folder, or null"),
+}
+
+
 def serve(cfg: DictConfig) -> None:
     """Check the config, then serve until interrupted.
 
     Raises:
-        AgentServerError, TaskError, SandboxError: bad configuration (caught in ``main``).
+        ConfigError: a value of the wrong type or range (``VALUE_RULES``).
+        UnknownAgentServerOption: an option name added with ``+`` that does not exist.
+        AgentServerError, TaskError, SandboxError: other bad configuration.
     """
+    check_values(cfg, VALUE_RULES)
     episode_config(cfg).isolation.check()
+    _options(ChatFormat, cfg.chat_format, "chat_format")
 
     async def build() -> web.Application:
         return make_app(AgentService(cfg))
@@ -314,19 +373,18 @@ def serve(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Hydra entry point (``python -m agents.server``); user mistakes print one message."""
+    """Entry point of ``python -m agents.server``: a mistake on the command line is one line
+    (``rl.config.hydra_entry``): exit 2 for an unknown key or option, 1 for a bad value."""
     import sys
 
-    import hydra
+    for error in (AgentServerError, TaskError, SandboxError):
+        register_user_error(error)  # a bad value: exit 1
+    register_user_error(UnknownAgentServerOption, exit_code=2)  # an unknown name, like an unknown key
 
-    @hydra.main(config_path="../recipes", config_name="agent_server", version_base=None)
+    @hydra_entry("agent_server")
     def _main(cfg: DictConfig) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        try:
-            serve(cfg)
-        except (AgentServerError, TaskError, SandboxError) as e:
-            print(f"agent server: {e}", file=sys.stderr)
-            sys.exit(2)
+        serve(cfg)
 
     # Log to stdout (the job captures it into the run folder's agent_server.log) rather than
     # to a server.log in the working directory. Set here, not in agent_server.yaml, because

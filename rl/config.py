@@ -5,7 +5,9 @@ by ``hydra_entry``: before Hydra runs, the command line is composed once here so
 mistake (an unknown key, an unknown group option, a malformed override) becomes one
 clear message that lists the valid choices, and exit code 2, instead of a traceback.
 Errors of the project's own parts raised later (engines, model, router, sandbox) are
-caught at the same place and printed as their message alone.
+caught at the same place and printed as their message alone, with exit code 1 (a bad
+value), or 2 for the types registered as unknown names (a policy option or experiment
+that does not exist: the same mistake as an unknown key).
 
 Hydra's own flags keep working: ``--cfg job`` (add ``--resolve`` to resolve
 interpolations), ``--help``, ``--info``, ``-m``.
@@ -16,9 +18,9 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = REPO_ROOT / "recipes"
@@ -33,16 +35,24 @@ class ConfigError(ValueError):
     """The command line or a recipe is invalid; the message lists the valid choices."""
 
 
-# Errors a user can cause, printed at the entry point without a traceback. Each part
-# registers its exception type with ``register_user_error``.
-_USER_ERRORS: list[type[BaseException]] = [ConfigError]
+# Errors a user can cause, printed at the entry point without a traceback, with their
+# exit code. Each part registers its exception types with ``register_user_error``.
+_USER_ERRORS: dict[type[BaseException], int] = {ConfigError: 1}
 
 
-def register_user_error(exc_type: type[BaseException]) -> type[BaseException]:
-    """Mark ``exc_type`` as a user-facing error: entry points print its message, exit 1."""
-    if exc_type not in _USER_ERRORS:
-        _USER_ERRORS.append(exc_type)
+def register_user_error(exc_type: type[BaseException], exit_code: int = 1) -> type[BaseException]:
+    """Mark ``exc_type`` as a user-facing error: entry points print its message and exit
+    with ``exit_code``: 1 for a bad value, 2 for an unknown name (as for an unknown key).
+
+    A subclass registered with its own code takes precedence over its base class.
+    """
+    _USER_ERRORS[exc_type] = exit_code
     return exc_type
+
+
+def user_error_exit_code(exc: BaseException) -> int:
+    """The exit code registered for the most specific registered class of ``exc``."""
+    return next(_USER_ERRORS[cls] for cls in type(exc).__mro__ if cls in _USER_ERRORS)
 
 
 def _hydra_flags_removed(argv: Sequence[str]) -> list[str]:
@@ -161,12 +171,61 @@ def compose_or_exit(config_name: str, argv: Sequence[str]) -> DictConfig:
         raise SystemExit(2)
 
 
+# --------------------------------------------------------------------------- values
+
+Rule = tuple[Callable[[Any], bool], str]
+"""``(ok(value), what to give instead)`` for one config key (see ``check_values``)."""
+
+
+def number(above: float | None = None, at_least: float | None = None, at_most: float | None = None,
+           below: float | None = None, whole: bool = False) -> Callable[[Any], bool]:
+    """A test for a number (an integer with ``whole``; never a boolean) within the bounds given."""
+    def ok(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)):
+            return False
+        return ((above is None or v > above) and (at_least is None or v >= at_least)
+                and (at_most is None or v <= at_most) and (below is None or v < below))
+    return ok
+
+
+def or_null(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """``test``, or the value is null."""
+    return lambda v: v is None or test(v)
+
+
+def is_text(v: Any) -> bool:
+    """A non-empty string."""
+    return isinstance(v, str) and v.strip() != ""
+
+
+def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
+    """Check the values of a composed config at dotted keys against ``rules``.
+
+    Args:
+        cfg: the config (a DictConfig, resolved on access, or a plain mapping).
+        rules: ``{dotted key: (ok(value), what to give)}``; a key absent from ``cfg`` is
+            skipped (its recipe may not have it).
+
+    Raises:
+        ConfigError: ``<key>=<value> is invalid: give <what>.`` for the first value that fails.
+    """
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    for key, (ok, want) in rules.items():
+        value = OmegaConf.select(node, key, default="__missing__")
+        if isinstance(value, str) and value == "__missing__":
+            continue
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if not ok(value):
+            raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
+
+
 def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], Callable[[], None]]:
     """Decorator for an entry point ``fn(cfg)`` driven by ``recipes/<config_name>.yaml``.
 
     The command line is validated first (see module docstring); then ``hydra.main``
     runs ``fn``; user errors raised inside (types registered with
-    ``register_user_error``) are printed as ``error: <message>`` with exit code 1.
+    ``register_user_error``) are printed as ``error: <message>`` with their exit code.
     """
 
     def wrap(fn: Callable[[DictConfig], object]) -> Callable[[], None]:
@@ -178,7 +237,7 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
                 fn(cfg)
             except tuple(_USER_ERRORS) as e:
                 print(f"error: {e}", file=sys.stderr)
-                raise SystemExit(1)
+                raise SystemExit(user_error_exit_code(e))
 
         @functools.wraps(fn)
         def main() -> None:

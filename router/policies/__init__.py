@@ -7,7 +7,7 @@ names, ``policy_config_fields(name)`` their options and defaults, and
 
 from __future__ import annotations
 
-from router.policies.base import RouterConfigError
+from router.policies.base import RouterConfigError, UnknownOptionError
 from router.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from router.policies.misa import MisaConfig, MisaPolicy
 from router.policies.misa_t import MisaTConfig, MisaTPolicy
@@ -38,6 +38,7 @@ for _name, _factory, _config in (
 __all__ = [
     "POLICY_NAMES",
     "RouterConfigError",
+    "UnknownOptionError",
     "build_config",
     "canonical_policy_name",
     "make_policy",

@@ -26,6 +26,12 @@ class RouterConfigError(ValueError):
     """A router or policy option is invalid; the message says which and what to do."""
 
 
+class UnknownOptionError(RouterConfigError):
+    """A policy name or policy option name that does not exist; the message lists the valid
+    ones. Entry points treat it like an unknown config key (exit code 2), other
+    ``RouterConfigError`` s as bad values."""
+
+
 # --------------------------------------------------------------------------- requests
 
 

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from router.policies.base import Policy, RouterConfigError
+from router.policies.base import Policy, RouterConfigError, UnknownOptionError
 
 PolicyFactory = Callable[[Any], Policy]
 """``factory(config) -> Policy``; ``config`` is an instance of the registered dataclass."""
@@ -65,7 +65,7 @@ def registered_policy_names() -> tuple[str, ...]:
 def _lookup(name: str) -> tuple[PolicyFactory, type]:
     key = canonical_policy_name(name)
     if key not in _REGISTRY:
-        raise RouterConfigError(
+        raise UnknownOptionError(
             f"unknown router policy {name!r}; choose one of: {', '.join(registered_policy_names())}"
         )
     return _REGISTRY[key]
@@ -99,8 +99,8 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
         params: option values; a plain dict or an OmegaConf DictConfig.
 
     Raises:
-        RouterConfigError: unknown name, unknown key, ill-typed value, or a value the
-            config's own validation rejects; the message names the valid choices.
+        UnknownOptionError: unknown name or key; the message names the valid choices.
+        RouterConfigError: ill-typed value, or a value the config's own validation rejects.
     """
     factory, config_cls = _lookup(name)
     config = build_config(config_cls, params, where=f"router policy {canonical_policy_name(name)!r}")
@@ -111,15 +111,16 @@ def build_config(config_cls: type, params: Mapping[str, Any] | None, where: str)
     """Instantiate dataclass ``config_cls`` from ``params``, checking keys and types.
 
     Raises:
-        RouterConfigError: unknown key (lists the valid keys) or a value whose type does
-            not match the field's annotation.
+        UnknownOptionError: an unknown key (the message lists the valid keys).
+        RouterConfigError: a value whose type does not match the field's annotation, or
+            that the dataclass's own validation rejects.
     """
     params = dict(params or {})
     hints = typing.get_type_hints(config_cls)
     names = [f.name for f in dataclasses.fields(config_cls)]
     unknown = sorted(set(params) - set(names))
     if unknown:
-        raise RouterConfigError(
+        raise UnknownOptionError(
             f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(names)}"
         )
     values = {}

@@ -2,23 +2,24 @@
 
 Writes ``runs/sim/<experiment>-<timestamp>/``: ``results.json`` (every run's metrics,
 aggregates over seeds, the config), ``table.md`` (Table-5-like), and plots. A bad option
-or trace prints one message (no traceback) and exits with status 2.
+or trace prints one line (no traceback) and exits with status 2 for an unknown key, option
+or name (experiment, policy option), 1 for a bad value.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
-from router.sim.errors import SimError
+from rl.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from router.policies import build_config
+from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
 from router.sim.experiments import (
     ClusterSpec,
     RunSpec,
@@ -34,7 +35,58 @@ from router.sim.experiments import (
 from router.sim.trace import read_trace
 from router.sim.plots import plot_caps, plot_hit_rate, plot_mixture
 
-RECIPES = str(Path(__file__).resolve().parents[2] / "recipes")
+register_user_error(SimError)  # a bad value: exit status 1
+register_user_error(SimUnknownNameError, exit_code=2)  # an unknown name, like an unknown key
+
+
+def _shares(v) -> bool:
+    return (isinstance(v, dict) and bool(v) and all(number(at_least=0)(x) for x in v.values())
+            and sum(v.values()) > 0)
+
+
+def _sweep(v) -> bool:
+    return isinstance(v, dict) and all(isinstance(xs, list) and xs for xs in v.values())
+
+
+# The values of recipes/sim.yaml, checked before any run starts (a bad one: exit status 1).
+VALUE_RULES: dict[str, Rule] = {
+    "scale": (number(above=0, at_most=4), "a fraction of the paper-sized system in (0, 4], e.g. 0.25"),
+    "seeds": (lambda v: isinstance(v, list) and bool(v) and all(number(whole=True)(x) for x in v),
+              "a non-empty list of integer seeds, e.g. [0,1,2]"),
+    "workers": (number(whole=True, at_least=1), "a whole number of processes >= 1"),
+    "mixture": (_shares, "shares per workload class >= 0 with a positive sum, e.g. {agent: 48.6, rlvr: 33.1}"),
+    "context_limit_tokens": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),
+    "weight_sync_period_s": (or_null(number(above=0)), "seconds > 0, or null"),
+    "trace": (or_null(is_text), "a JSONL trace path, or null"),
+    "engine.block_size": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),
+    "engine.max_num_batched_tokens": (number(whole=True, at_least=1), "a whole number >= 1"),
+    "engine.max_num_seqs": (number(whole=True, at_least=1), "a whole number >= 1"),
+    "engine.max_decode_chunk_steps": (number(whole=True, at_least=1), "a whole number >= 1"),
+    "signals.scrape_period_s": (number(above=0), "seconds > 0"),
+    "signals.metrics_delay_s": (number(at_least=0), "seconds >= 0"),
+    "signals.kv_event_delay_s": (number(at_least=0), "seconds >= 0"),
+    "signals.metrics_loss": (number(at_least=0, below=1), "a loss probability in [0, 1)"),
+    "signals.kv_event_loss": (number(at_least=0, below=1), "a loss probability in [0, 1)"),
+    "policy_params": (lambda v: isinstance(v, dict) and all(isinstance(p, dict) for p in v.values()),
+                      "a mapping policy -> {option: value}"),
+    "run.policy": (is_text, "a policy name such as misa_t"),
+    "run.ceiling": (or_null(number(whole=True, at_least=1)), "a whole number of units >= 1, or null"),
+    "shift.at_frac": (number(above=0, below=1), "a fraction in (0, 1)"),
+    "shift.rlvr_output_factor": (number(above=0), "a factor > 0"),
+    "shift.agent_tool_gap_factor": (number(above=0), "a factor > 0"),
+    "delay_factor": (number(above=0), "a factor > 0"),
+    "sensitivity.policy": (is_text, "a policy name such as misa_t"),
+    "sensitivity.params": (_sweep, "a mapping option -> non-empty list of values"),
+    "out_dir": (is_text, "a folder"),
+    "sim.tp": (number(whole=True, at_least=1), "a whole number of GPUs per replica >= 1"),
+    "sim.instances": (number(whole=True, at_least=1), "a whole number of replicas >= 1"),
+    "sim.gpu_memory_utilization": (number(above=0, at_most=1), "a fraction in (0, 1]"),
+    "sim.tool_gap_share": (number(at_least=0, below=1), "a share in [0, 1)"),
+    "sim.turn_time_hint_s": (number(above=0), "seconds > 0"),
+    "sim.sweep_ceilings": (lambda v: isinstance(v, list) and bool(v) and all(number(whole=True, at_least=1)(x) for x in v),
+                           "a non-empty list of whole numbers >= 1"),
+    "sim.permissive_ceiling": (number(whole=True, at_least=1), "a whole number >= 1"),
+}
 
 
 class Experiment:
@@ -45,17 +97,8 @@ class Experiment:
         self.out = out_dir
         raw = OmegaConf.to_container(cfg, resolve=True)
         self.raw = raw
-        sim = dict(raw["sim"])
-        for key in ("sweep_ceilings",):
-            sim[key] = tuple(sim[key])
-        try:
-            self.cluster = ClusterSpec(**sim)
-        except TypeError as exc:
-            raise SimError(f"recipes/sim/{cfg.sim.get('name', '?')}.yaml: {exc}") from None
-        if not 0 < cfg.scale <= 4:
-            raise SimError(f"scale must be in (0, 4], got {cfg.scale}")
-        if not cfg.seeds:
-            raise SimError("seeds must list at least one seed")
+        with as_sim_errors():  # unknown keys and ill-typed values of recipes/sim/<name>.yaml
+            self.cluster = build_config(ClusterSpec, raw["sim"], f"sim ({cfg.sim.get('name', '?')})")
         self.seeds = [int(s) for s in cfg.seeds]
         self.bs = int(raw["engine"]["block_size"])
         if cfg.trace:
@@ -242,18 +285,17 @@ EXPERIMENTS = {"table5": Experiment.table5, "shift": Experiment.shift, "delay": 
                "sensitivity": Experiment.sensitivity, "run": Experiment.single}
 
 
-@hydra.main(config_path=RECIPES, config_name="sim", version_base=None)
+@hydra_entry("sim")
 def main(cfg: DictConfig) -> None:
-    """Run ``cfg.experiment``; a SimError is printed as one line and exits with status 2."""
-    try:
-        if cfg.experiment not in EXPERIMENTS:
-            raise SimError(f"unknown experiment {cfg.experiment!r}; choose one of: {', '.join(EXPERIMENTS)}")
-        out = HydraConfig.get().runtime.output_dir
-        os.makedirs(out, exist_ok=True)
-        EXPERIMENTS[cfg.experiment](Experiment(cfg, out))
-    except SimError as exc:
-        print(f"router.sim: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    """Run ``cfg.experiment``; a SimError is printed as one line (``hydra_entry``): exit
+    status 2 for an unknown name (SimUnknownNameError), 1 for a bad value."""
+    check_values(cfg, VALUE_RULES)
+    if cfg.experiment not in EXPERIMENTS:
+        raise SimUnknownNameError(f"experiment={cfg.experiment}: unknown experiment {cfg.experiment!r}; "
+                                  f"choose one of: {', '.join(EXPERIMENTS)}")
+    out = HydraConfig.get().runtime.output_dir
+    os.makedirs(out, exist_ok=True)
+    EXPERIMENTS[cfg.experiment](Experiment(cfg, out))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,9 @@ from functools import lru_cache
 from typing import Any
 
 from router.policies import make_policy
-from router.policies.base import RouterConfigError
 from router.sim.cost_model import HARDWARE, MODELS, RooflineCost, kv_blocks_for
 from router.sim.engine import EngineConfig
-from router.sim.errors import SimError
+from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
 from router.sim.simulator import SignalConfig, SimConfig, Simulation, WorkloadShift
 from router.sim.trace import read_trace
 from router.sim.workload import WorkloadConfig, generate_trace, paper_classes
@@ -75,7 +74,7 @@ class ClusterSpec:
 
 def _lookup(table: dict, key: str, what: str):
     if key not in table:
-        raise SimError(f"unknown {what} {key!r}; choose one of: {', '.join(sorted(table))}")
+        raise SimUnknownNameError(f"unknown {what} {key!r}; choose one of: {', '.join(sorted(table))}")
     return table[key]
 
 
@@ -249,11 +248,14 @@ def best_sweep_label(agg: dict[str, dict], labels: list[str]) -> str:
 
 
 def check_policy_params(policy: str, params: dict) -> None:
-    """Build the policy once so a bad option fails before any run starts (SimError)."""
-    try:
+    """Build the policy once so a bad option fails before any run starts.
+
+    Raises:
+        SimUnknownNameError: an unknown policy or option name.
+        SimError: an option value the policy refuses.
+    """
+    with as_sim_errors():
         make_policy(policy, params)
-    except RouterConfigError as exc:
-        raise SimError(str(exc)) from None
 
 
 def with_params(spec: RunSpec, **changes: Any) -> RunSpec:

@@ -1,0 +1,32 @@
+"""``python -m agents.server`` with a bad override: one line naming what was wrong and what is
+valid, no traceback; exit 2 for an unknown key or option, 1 for a bad value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agents.server", "port=0", *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("override", "code", "expected"), [
+    ("episode.limits.max_turn=3", 2, "Valid keys under 'episode.limits': max_context_tokens, max_episode_s"),
+    ("+episode.limits.max_turn=3", 2, "episode.limits: unknown option(s) 'max_turn'; valid options: max_turns"),
+    ("port=http", 1, "port='http' is invalid: give a TCP port number (0-65535)."),
+    ("router_url=localhost:8100", 1, "router_url='localhost:8100' is invalid: give the router's base URL"),
+    ("episode.command_limits.cpu_s=lots", 1, "episode.command_limits: option 'cpu_s' must be an integer"),
+])
+def test_bad_override_is_one_line_with_what_is_valid(override, code, expected):
+    r = _run(override)
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
