@@ -1,15 +1,20 @@
 """``python -m router.sim``: run a simulator experiment (Hydra config ``recipes/sim.yaml``).
 
 Writes ``runs/sim/<experiment>-<timestamp>/``: ``results.json`` (every run's metrics,
-aggregates over seeds, the config), ``table.md`` (Table-5-like), and plots. A bad option
-or trace prints one line (no traceback) and exits with status 2 for an unknown key, option
-or name (experiment, policy option), 1 for a bad value.
+aggregates over seeds, the config), ``table.md`` (Table-5-like), plots, and
+``runs.jsonl`` (one line per run, appended as each finishes). A bad option or trace
+prints one line (no traceback) and exits with status 2 for an unknown key, option or
+name (experiment, policy option), 1 for a bad value. Ctrl-C or SIGTERM stops
+every worker, keeps the finished runs (``results.json`` marked ``"interrupted"``) and
+exits with 128 + the signal number.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -104,6 +109,13 @@ class Experiment:
         if cfg.trace:
             read_trace(cfg.trace)  # a malformed trace fails here, before any run starts
         self.title = f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds"
+        self.completed: list[dict] = []  # every finished run, in finishing order
+
+    def write_partial(self, why: str) -> str:
+        """results.json with the runs finished so far (``"interrupted": why``); returns its path."""
+        path = os.path.join(self.out, "results.json")
+        dump_json(path, {"config": self.raw, "interrupted": why, "runs": self.completed})
+        return path
 
     def ceiling(self, c: int) -> int:
         """A full-size ceiling scaled with the system."""
@@ -123,18 +135,33 @@ class Experiment:
         )
 
     def run(self, specs: list[RunSpec], what: str) -> list[dict]:
-        """Check every policy's options, then run ``specs`` with a progress bar."""
+        """Check every policy's options, then run ``specs`` with a progress bar.
+
+        The bar counts runs, fractions included: a run advances it as its units complete.
+        Each finished run is appended to ``runs.jsonl`` at once, so an interrupted
+        experiment keeps every run it finished.
+        """
         for policy, params in {(s.policy, json.dumps(s.params, sort_keys=True)) for s in specs}:
             check_policy_params(policy, json.loads(params))
-        bar = tqdm(total=len(specs), desc=what, unit="run")
+        bar = tqdm(total=len(specs), desc=what, unit="run", dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} runs [{elapsed}<{remaining}{postfix}]")
+        done = [0.0] * len(specs)
 
-        def tick(result: dict) -> None:
+        def advance(i: int, fraction: float) -> None:
+            done[i] = min(max(fraction, done[i]), 1.0)
+            bar.n = min(sum(done), len(specs))  # a sum, not increments: float error stays below total
+            bar.update(0)  # redraws (at most every 0.1 s)
+
+        def finished(i: int, result: dict) -> None:
+            advance(i, 1.0)
+            self.completed.append(result)
+            with open(os.path.join(self.out, "runs.jsonl"), "a") as f:
+                f.write(json.dumps(result, default=float) + "\n")
             bar.set_postfix_str(f"{result['label']} s{result['seed']}: "
                                 f"{result['summary']['samples_per_min']:.2f} samples/min")
-            bar.update()
 
         try:
-            return run_all(specs, int(self.cfg.workers), tick)
+            return run_all(specs, int(self.cfg.workers), finished, advance)
         finally:
             bar.close()
 
@@ -285,17 +312,48 @@ EXPERIMENTS = {"table5": Experiment.table5, "shift": Experiment.shift, "delay": 
                "sensitivity": Experiment.sensitivity, "run": Experiment.single}
 
 
+class Interrupted(Exception):
+    """SIGTERM (or SIGHUP) arrived; raised in the main thread so every ``finally`` runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame) -> None:
+    raise Interrupted(signum)
+
+
 @hydra_entry("sim")
 def main(cfg: DictConfig) -> None:
     """Run ``cfg.experiment``; a SimError is printed as one line (``hydra_entry``): exit
-    status 2 for an unknown name (SimUnknownNameError), 1 for a bad value."""
+    status 2 for an unknown name (SimUnknownNameError), 1 for a bad value.
+
+    Ctrl-C, SIGTERM or SIGHUP stop every worker process, write ``results.json`` with the
+    runs finished so far (they are also in ``runs.jsonl``) and exit with 128 + the signal.
+    """
+    experiment = None
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_interrupted)
     check_values(cfg, VALUE_RULES)
-    if cfg.experiment not in EXPERIMENTS:
-        raise SimUnknownNameError(f"experiment={cfg.experiment}: unknown experiment {cfg.experiment!r}; "
-                                  f"choose one of: {', '.join(EXPERIMENTS)}")
-    out = HydraConfig.get().runtime.output_dir
-    os.makedirs(out, exist_ok=True)
-    EXPERIMENTS[cfg.experiment](Experiment(cfg, out))
+    try:
+        if cfg.experiment not in EXPERIMENTS:
+            raise SimUnknownNameError(f"experiment={cfg.experiment}: unknown experiment {cfg.experiment!r}; "
+                                      f"choose one of: {', '.join(EXPERIMENTS)}")
+        out = HydraConfig.get().runtime.output_dir
+        os.makedirs(out, exist_ok=True)
+        experiment = Experiment(cfg, out)
+        EXPERIMENTS[cfg.experiment](experiment)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        name = signal.Signals(signum).name
+        if experiment is not None:
+            path = experiment.write_partial(name)
+            print(f"\nrouter.sim: {name}: stopped; {len(experiment.completed)} finished run(s) kept in {path}",
+                  file=sys.stderr)
+        else:
+            print(f"\nrouter.sim: {name}: stopped", file=sys.stderr)
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The paper's section-5 experiments, and the ones past it, on the simulator.
 
 Each experiment is a list of :class:`RunSpec` (one policy, ceiling, seed, condition) run
-in parallel processes, then aggregated over seeds (mean and standard deviation):
+in parallel worker processes (:func:`run_all`), then aggregated over seeds (mean and
+standard deviation):
 
 - ``table5``: (1) cache_aware over the static ceiling sweep, the best of it ("sweep") and
   the 128K-safe ceiling; (2) session_admission, misa, misa_t at the permissive ceiling;
@@ -19,11 +20,17 @@ as at full size (scale 1 = the paper-sized trace, 2,466 units, ~75,000 requests)
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
 import statistics
+import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -130,14 +137,17 @@ def build_sim_config(spec: RunSpec) -> SimConfig:
     )
 
 
-def run_one(spec: RunSpec) -> dict:
-    """Run one :class:`RunSpec`; returns ``{"spec": ..., "summary": ..., "timeline"?, "truth"?}``."""
+def run_one(spec: RunSpec, progress: Callable[[float], None] | None = None) -> dict:
+    """Run one :class:`RunSpec`; returns ``{"spec": ..., "summary": ..., "timeline"?, "truth"?}``.
+
+    ``progress(fraction)`` is called now and then with the fraction of the run's units completed.
+    """
     c = spec.cluster
     sessions = _trace(spec.trace_path, spec.seed, spec.scale, c.tool_gap_share, c.turn_time_hint_s,
                       spec.context_limit_tokens)
     cfg = build_sim_config(spec)
     sim = Simulation(cfg, sessions, make_policy(spec.policy, spec.params))
-    result = sim.run()
+    result = sim.run(progress)
     out = {"label": spec.label, "policy": spec.policy, "params": spec.params, "ceiling": spec.ceiling,
            "seed": spec.seed, "tags": spec.tags, "summary": result.summary}
     if spec.keep_timeline:
@@ -147,23 +157,111 @@ def run_one(spec: RunSpec) -> dict:
     return out
 
 
-def run_all(specs: list[RunSpec], workers: int, progress: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run ``specs`` on ``workers`` processes (1: in this process); results in spec order."""
-    if workers <= 1:
+_PROGRESS_PERIOD_S = 0.5
+"""A worker reports a run's progress at most this often (wall-clock seconds)."""
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _worker(tasks, results, parent_pid: int) -> None:
+    """A worker process: run specs from ``tasks`` until a None, send messages to ``results``:
+    ``("progress", i, fraction)``, ``("done", i, result)`` or ``("error", i, exception)``."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends the workers
+    if os.getppid() != parent_pid:  # the parent died before the kernel was asked to tell us
+        return
+    while (task := tasks.get()) is not None:
+        i, spec = task
+        last = [0.0]
+
+        def report(fraction: float, i: int = i, last: list = last) -> None:
+            now = time.monotonic()
+            if now - last[0] >= _PROGRESS_PERIOD_S:
+                last[0] = now
+                results.put(("progress", i, fraction))
+
+        try:
+            results.put(("done", i, run_one(spec, report)))
+        except Exception as exc:  # noqa: BLE001  (handed to the parent, which raises it)
+            try:
+                pickle.dumps(exc)
+            except Exception:  # noqa: BLE001
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            results.put(("error", i, exc))
+
+
+def run_all(specs: list[RunSpec], workers: int, on_result: Callable[[int, dict], None] | None = None,
+            on_progress: Callable[[int, float], None] | None = None) -> list[dict]:
+    """Run ``specs`` on ``workers`` processes (1: in this process); results in spec order.
+
+    Args:
+        specs: the runs.
+        workers: worker processes; 1 runs everything in this process.
+        on_result: called with (index into ``specs``, result) as each run finishes.
+        on_progress: called with (index into ``specs``, fraction of its units completed)
+            while a run goes.
+
+    A worker's exception is raised here, after the other workers are stopped. However this
+    returns or raises (an error, KeyboardInterrupt, a signal turned into an exception), every
+    worker process is ended before it does; workers also die if this process is killed
+    (``PR_SET_PDEATHSIG``).
+    """
+    if workers <= 1 or len(specs) <= 1:
         out = []
-        for s in specs:
-            out.append(run_one(s))
-            if progress:
-                progress(out[-1])
+        for i, s in enumerate(specs):
+            out.append(run_one(s, (lambda f, i=i: on_progress(i, f)) if on_progress else None))
+            if on_result:
+                on_result(i, out[-1])
         return out
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_one, s) for s in specs]
-        out = []
-        for f in futures:
-            out.append(f.result())
-            if progress:
-                progress(out[-1])
-        return out
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    for task in enumerate(specs):
+        tasks.put(task)
+    procs = [ctx.Process(target=_worker, args=(tasks, results, os.getpid()), daemon=True)
+             for _ in range(min(workers, len(specs)))]
+    for _ in procs:
+        tasks.put(None)
+    out: list[dict | None] = [None] * len(specs)
+    left = len(specs)
+    try:
+        for p in procs:
+            p.start()
+        while left:
+            try:
+                kind, i, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    raise SimError("every simulation worker died (killed for memory?)") from None
+                continue
+            if kind == "progress":
+                if on_progress:
+                    on_progress(i, payload)
+            elif kind == "error":
+                raise payload
+            else:
+                out[i] = payload
+                left -= 1
+                if on_result:
+                    on_result(i, payload)
+        return out  # type: ignore[return-value]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        tasks.cancel_join_thread()
+        results.cancel_join_thread()
 
 
 # --------------------------------------------------------------------------- aggregation
