@@ -372,7 +372,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) ->
                     bar.refresh()
 
                 res = replay(router.url, served, trace, MIXTURE, run.ceiling, args.minutes * 60, text, urls,
-                             seed=args.seed, progress=progress, router_state=run.impl == "ours")
+                             progress=progress, router_state=run.impl == "ours")
             finally:
                 bar.close()
                 router.stop()

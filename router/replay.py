@@ -15,7 +15,10 @@ token count from words that are one token each, deterministic per key, so
   ``group_prefix_tokens`` of the trace);
 - an agent session's turn k+1 prompt is turn k's prompt + the model's answer + a tool
   observation of the trace's size, so its prefix grows append-only;
-- outputs have the trace's length exactly (``min_tokens`` = ``max_tokens``, ``ignore_eos``).
+- outputs have the trace's length exactly (``min_tokens`` = ``max_tokens``, ``ignore_eos``),
+  sampled greedily so every router gets the same answers. No per-request ``seed``: on vLLM
+  CPU (0.32) a seeded request whose sampled token is discarded (a chunked prefill) kills the
+  engine core ("CPU Generator does not use offset").
 
 The window and the figures follow :func:`router.sim.metrics.summarize` with
 ``warmup_frac=0``: from the first unit completion to the end of the run (``duration_s``,
@@ -199,25 +202,17 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
     }
 
 
-def _request_seed(seed: int, session_id: str, turn: int) -> int:
-    """A sampling seed per (run seed, session, turn), the same in every process."""
-    digest = hashlib.blake2b(f"{seed}:{session_id}:{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") % 2**31
-
-
 class _Replay:
     """State of one replay (see :func:`replay`)."""
 
     def __init__(self, url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float],
-                 ceiling: int, text: WordText, engine_urls: Sequence[str], seed: int,
-                 router_state: bool = False) -> None:
+                 ceiling: int, text: WordText, engine_urls: Sequence[str], router_state: bool = False) -> None:
         self.url = url.rstrip("/")
         self.router_state = router_state
         self.model = model
         self.trainer = Trainer(sessions, mixture, ceiling)
         self.text = text
         self.engine_urls = list(engine_urls)
-        self.seed = seed
         self.requests: list[RequestRecord] = []
         self.errors: list[str] = []
         self.timeline: list[dict] = []
@@ -249,8 +244,7 @@ class _Replay:
         for k, rec in enumerate(s.requests):
             end = k == len(s.requests) - 1 if rec.session_end is None else bool(rec.session_end)
             body = {"model": self.model, "prompt": prompt, "max_tokens": rec.output_tokens,
-                    "min_tokens": rec.output_tokens, "ignore_eos": True, "temperature": 1.0,
-                    "seed": _request_seed(self.seed, s.session_id, k)}
+                    "min_tokens": rec.output_tokens, "ignore_eos": True, "temperature": 0.0}
             arrival = self.now()
             try:
                 async with self.http.post(f"{self.url}/v1/completions", json=body,
@@ -339,7 +333,7 @@ class _Replay:
 
 
 def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float], ceiling: int,
-           duration_s: float, text: WordText, engine_urls: Sequence[str], seed: int = 0,
+           duration_s: float, text: WordText, engine_urls: Sequence[str],
            progress: Callable[[float, int], None] | None = None, request_timeout_s: float = 900.0,
            router_state: bool = False) -> ReplayResult:
     """Replay ``sessions`` through ``url`` for ``duration_s`` seconds of wall time.
@@ -355,7 +349,6 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
             (their requests aborted) and not counted.
         text: prompt text builder for the served model's tokenizer.
         engine_urls: the engines behind ``url`` (their ``/metrics`` give the counters).
-        seed: sampling seed base (each request's seed derives from it, the session and turn).
         progress: called about twice a second with (elapsed s, units completed).
         request_timeout_s: per-request limit; a request past it fails its unit.
         router_state: ``url`` is our router: sample its ``/state`` (policy caps, held
@@ -370,5 +363,5 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
     """
     if duration_s <= 0:
         raise ReplayError(f"duration_s must be > 0, got {duration_s}")
-    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, seed, router_state)
+    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, router_state)
                        .run(duration_s, progress, request_timeout_s))
