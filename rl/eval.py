@@ -100,6 +100,20 @@ def _typed(node: DictConfig, key: str, where: str, kind: type, *, minimum: float
     return value
 
 
+def _request_seeds(cfg: DictConfig) -> bool:
+    """``eval.request_seeds``: true, false, or auto (= the engines are not vLLM CPU engines).
+
+    Raises:
+        EvalError: another value.
+    """
+    value = cfg.eval.get("request_seeds", "auto")
+    if isinstance(value, bool):
+        return value
+    if value == "auto":
+        return str(cfg.get("engine", {}).get("kind", "cpu")) != "cpu"
+    raise EvalError(f"eval.request_seeds={value!r}: must be true, false or auto.")
+
+
 def settings_of(cfg: DictConfig) -> EvalSettings:
     """``EvalSettings`` from the ``eval`` section.
 
@@ -117,7 +131,8 @@ def settings_of(cfg: DictConfig) -> EvalSettings:
         n=_typed(e, "n", "eval", int), ks=tuple(int(k) for k in ks),
         temperature=_typed(e, "temperature", "eval", float),
         top_p=_typed(e, "top_p", "eval", float), max_tokens=_typed(e, "max_tokens", "eval", int),
-        seed=_typed(e, "seed", "eval", int), concurrency=_typed(e, "concurrency", "eval", int),
+        seed=_typed(e, "seed", "eval", int), request_seeds=_request_seeds(cfg),
+        concurrency=_typed(e, "concurrency", "eval", int),
         retry_errors=_typed(e, "retry_errors", "eval", bool),
         request_timeout_s=_typed(e, "request_timeout_s", "eval", float),
         run_id=f"eval-{Path(str(e.out_dir)).parent.name or 'run'}")

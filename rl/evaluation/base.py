@@ -106,7 +106,8 @@ class SampleContext:
         temperature, top_p: sampling settings.
         max_tokens: completion budget of a single-turn sample.
         seed: base seed; sample ``i`` of a problem uses a seed derived from it, the
-            problem and ``i`` (reproducible samples where the engine honours ``seed``).
+            problem and ``i`` (reproducible samples where the engine honours ``seed``);
+            None = no per-request seed (see ``EvalSettings.request_seeds``).
         run_id: prefix of the session ids (X-Session-Id) of this evaluation.
     """
 
@@ -116,7 +117,7 @@ class SampleContext:
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 512
-    seed: int = 0
+    seed: int | None = 0
     run_id: str = "eval"
 
 
@@ -148,8 +149,10 @@ class Benchmark(Protocol):
         ...
 
 
-def sample_seed(base_seed: int, key: str) -> int:
-    """A 31-bit seed for the sample ``key``, stable across runs and processes."""
+def sample_seed(base_seed: int | None, key: str) -> int | None:
+    """A 31-bit seed for the sample ``key``, stable across runs and processes (None for None)."""
+    if base_seed is None:
+        return None
     return (zlib.crc32(key.encode()) ^ (base_seed * 0x9E3779B1)) & 0x7FFFFFFF
 
 

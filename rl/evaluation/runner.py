@@ -45,6 +45,9 @@ class EvalSettings:
         temperature, top_p: sampling settings of every model call.
         max_tokens: completion budget of a single-turn sample (math, code).
         seed: base seed of the per-sample seeds.
+        request_seeds: send each sample's seed with its model calls. Off for vLLM CPU
+            engines: vLLM 0.32 on CPU kills the engine core when a seeded request's sampled
+            token is discarded in a chunked prefill ("CPU Generator does not use offset").
         concurrency: samples in flight at once.
         retry_errors: on a rerun, draw again the samples that ended in an error.
         request_timeout_s: limit of one single-turn model call (router hold, queue and
@@ -58,6 +61,7 @@ class EvalSettings:
     top_p: float = 1.0
     max_tokens: int = 512
     seed: int = 0
+    request_seeds: bool = True
     concurrency: int = 8
     retry_errors: bool = True
     request_timeout_s: float = 600.0
@@ -84,7 +88,7 @@ class EvalSettings:
     def sampling(self) -> dict[str, Any]:
         """The settings that change what a sample is (a results folder is tied to them)."""
         return {"temperature": self.temperature, "top_p": self.top_p,
-                "max_tokens": self.max_tokens, "seed": self.seed}
+                "max_tokens": self.max_tokens, "seed": self.seed if self.request_seeds else None}
 
 
 async def _one(bench: Benchmark, problem: EvalProblem, i: int, ctx: SampleContext,
@@ -114,7 +118,7 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
     problems = {b.name: await b.problems() for b in benchmarks}
     client = RolloutClient(router_url, model, timeout_s=settings.request_timeout_s)
     ctx = SampleContext(client, router_url, model, settings.temperature, settings.top_p,
-                        settings.max_tokens, settings.seed, settings.run_id)
+                        settings.max_tokens, settings.seed if settings.request_seeds else None, settings.run_id)
     sem = asyncio.Semaphore(settings.concurrency)
     with ResultsLog(out / "samples.jsonl", replace_errors=settings.retry_errors) as results:
         todo = [(b, p, i) for b in benchmarks for p in problems[b.name] if not p.error

@@ -69,6 +69,30 @@ def test_non_integer_k_is_a_clear_error():
         settings_of(cfg)
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    ([], False),  # auto on CPU engines: no per-request seeds (vLLM CPU generator bug)
+    (["engine=gpu"], True),
+    (["eval.request_seeds=true"], True),
+    (["engine=gpu", "eval.request_seeds=false"], False),
+])
+def test_request_seeds_are_off_on_cpu_engines_unless_asked(overrides, expected):
+    from rl.eval import settings_of
+    from rl.evaluation.base import sample_seed
+
+    settings = settings_of(compose("eval", ["run_dir=runs/test", *overrides]))
+    assert settings.request_seeds is expected
+    assert settings.sampling()["seed"] == (0 if expected else None)
+    assert sample_seed(None, "k") is None and isinstance(sample_seed(0, "k"), int)
+
+
+def test_bad_request_seeds_value_is_a_clear_error():
+    from rl.eval import settings_of
+    from rl.evaluation import EvalError
+
+    with pytest.raises(EvalError, match="eval.request_seeds"):
+        settings_of(compose("eval", ["run_dir=runs/test", "eval.request_seeds=sometimes"]))
+
+
 def _eval(*args: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rl.eval", f"run_dir={tmp_path}", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
