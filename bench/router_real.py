@@ -188,14 +188,14 @@ def report(results: list[dict], base_label: str, out: Path, minutes: float) -> s
     classes = list(MIXTURE)
     t = Table(title=f"Routers on 2 real vLLM CPU engines, {minutes:g} min each (baseline: {base_label}, best of the sweep)")
     cols = ["router", "samples/min", "x base", "RPM", "x base", "prefix hit", "prefill tok/s", "x base",
-            "decode tok/s", "x base", "mixture a/v/h %", "TV", "p50/p95 s a | v | h", "preempt", "errors"]
+            "decode tok/s", "x base", "mixture a/v/h %", "TV", "p50/p95 s a · v · h", "preempt", "errors"]
     for c in cols:
         t.add_column(c, justify="left" if c == "router" else "right")
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in results:
         s = r["real"]
         mix = "/".join(f"{s['consumed_mixture'].get(b, 0) * 100:.0f}" for b in classes)
-        comp = " | ".join(f"{s['completion_s'][b]['p50']:.0f}/{s['completion_s'][b]['p95']:.0f}"
+        comp = " · ".join(f"{s['completion_s'][b]['p50']:.0f}/{s['completion_s'][b]['p95']:.0f}"
                           if b in s["completion_s"] else "-" for b in classes)
         row = [r["label"], f"{s['samples_per_min']:.1f}", _rel(s["samples_per_min"], base["samples_per_min"]),
                f"{s['requests_per_min']:.0f}", _rel(s["requests_per_min"], base["requests_per_min"]),
