@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import signal
 import sys
 import time
@@ -287,25 +288,45 @@ def _parse_ints(text: str, what: str) -> list[int]:
     return values
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in --help."""
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse values no run can use, naming the option (SystemExit, before any engine starts)."""
+    positive = {"--minutes": args.minutes, "--ceiling": args.ceiling, "--kv-tokens": args.kv_tokens,
+                "--max-model-len": args.max_model_len, "--max-num-batched-tokens": args.max_num_batched_tokens,
+                "--units": args.units}
+    for name, value in positive.items():
+        if not math.isfinite(value) or value <= 0:
+            raise SystemExit(f"{name} must be a positive number, got {value}")
+    if not 0 <= args.tool_gap_share < 1:
+        raise SystemExit(f"--tool-gap-share must be in [0, 1), got {args.tool_gap_share}")
+    if args.kv_tokens < args.max_model_len:
+        raise SystemExit(f"--kv-tokens {args.kv_tokens} is below --max-model-len {args.max_model_len}: vLLM "
+                         "refuses to start when one request cannot fit in its KV cache; raise --kv-tokens")
+    if args.max_model_len < 512:
+        raise SystemExit(f"--max-model-len must be >= 512 for the generated workload, got {args.max_model_len}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--minutes", type=float, default=10.0, help="wall time per router run")
     parser.add_argument("--sweep", default="4,8,16", help="vllm-router ceilings (units in flight) to sweep")
     parser.add_argument("--ceiling", type=int, default=32, help="the common permissive ceiling")
     parser.add_argument("--policies", default="round_robin,session_admission,misa,misa_t",
                         help="our policies to run at the permissive ceiling")
     parser.add_argument("--kv-tokens", type=int, default=4096, help="KV cache per engine, tokens")
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--tool-gap-share", type=float, default=0.25)
+    parser.add_argument("--max-model-len", type=int, default=2048, help="engine context limit, tokens")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine per-step token budget")
+    parser.add_argument("--tool-gap-share", type=float, default=0.25, help="tool time / agent session time")
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="trace generator seed")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     args = parser.parse_args()
+    _check_args(args)
     sweep = _parse_ints(args.sweep, "--sweep")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if args.minutes <= 0 or args.ceiling < 1 or args.kv_tokens < 256:
-        raise SystemExit("--minutes must be > 0, --ceiling >= 1 and --kv-tokens >= 256")
     unknown = [p for p in policies if p not in registered_policy_names()]
     if unknown:
         raise SystemExit(f"--policies: unknown {unknown}; valid: {', '.join(registered_policy_names())}")

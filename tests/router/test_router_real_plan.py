@@ -42,7 +42,9 @@ def test_cpu_workload_keeps_the_paper_shape():
 @pytest.mark.parametrize("args, message", [
     (["--sweep", "8,x"], "--sweep: expected comma-separated integers"),
     (["--policies", "misa_t,nope"], "--policies"),
-    (["--minutes", "0"], "--minutes must be > 0"),
+    (["--minutes", "0"], "--minutes must be a positive number"),
+    (["--minutes", "nan"], "--minutes must be a positive number"),
+    (["--kv-tokens", "1024"], "--kv-tokens 1024 is below --max-model-len 2048"),
 ])
 def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     p = subprocess.run([sys.executable, "-m", "bench.router_real", *args], cwd=REPO_ROOT, capture_output=True,
