@@ -72,10 +72,11 @@ def resolve_model_path(model_cfg: DictConfig) -> str:
                 )
             return str(p.resolve())
         if str(path).startswith((".", "/", "~")):
+            packaged = " or leave model.path unset to use the packaged default model" if model_cfg.get(
+                "source") else ""
             raise ModelPrepareError(
                 f"model.path={path} does not exist. Give an existing local Hugging Face "
-                "folder, a hub id (org/name), or leave model.path unset to use the packaged "
-                "default model."
+                f"folder or a hub id (org/name){packaged}."
             )
         return str(path)
     return str(prepare_model(model_cfg))

@@ -36,8 +36,15 @@ def test_second_prepare_returns_the_cached_folder_without_work(train_cfg, model_
 
 def test_missing_local_model_path_is_refused(train_cfg, tmp_path):
     cfg = OmegaConf.merge(train_cfg.model, {"path": str(tmp_path / "nope")})
-    with pytest.raises(ModelPrepareError, match="does not exist"):
+    with pytest.raises(ModelPrepareError, match="does not exist.*leave model.path unset"):
         resolve_model_path(cfg)
+
+
+def test_missing_model_path_of_a_recipe_without_a_packaged_model_does_not_suggest_unsetting_it(tmp_path):
+    cfg = OmegaConf.create({"name": "policy", "path": str(tmp_path / "nope"), "dtype": "bfloat16"})
+    with pytest.raises(ModelPrepareError, match="does not exist") as err:
+        resolve_model_path(cfg)
+    assert "unset" not in str(err.value)
 
 
 def test_folder_without_config_is_refused(train_cfg, tmp_path):
