@@ -27,7 +27,6 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -43,6 +42,7 @@ from rl.evaluation.math_answers import arithmetic_heldout_benchmark, gsm8k_bench
 from rl.evaluation.results import flat_metrics, markdown_table
 from rl.evaluation.runner import EvalSettings, evaluate
 from rl.evaluation.swe import SweBenchmark
+from router.urls import url_problem
 from rl.evaluation.swebench_harness import (GRADERS, GraderChoice, HarnessSettings, choose_grader,
                                             harness_unavailable)
 from sandbox import Limits, SandboxError
@@ -148,17 +148,12 @@ def router_url_of(cfg: DictConfig) -> str | None:
     if raw is None:
         return None
     url = str(raw).strip()
-    hint = ("give the router's base URL, e.g. eval.router_url=http://127.0.0.1:8100, or leave it "
-            "null to start engines and a router here.")
-    try:
-        parts = urlsplit(url)
-        parts.port  # raises ValueError on a port that is no number
-    except ValueError as e:
-        raise EvalError(f"eval.router_url={raw!r} is not a valid URL ({e}); {hint}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EvalError(f"eval.router_url={raw!r} is not an http(s) URL; {hint}")
-    if parts.query or parts.fragment:
-        raise EvalError(f"eval.router_url={raw!r}: a base URL has no ?query or #fragment; {hint}")
+    problem = url_problem(url)
+    if problem is not None:
+        what = "is not a valid URL" if problem.startswith("it does not parse") else "is not an http(s) URL"
+        raise EvalError(f"eval.router_url={raw!r} {what}: {problem}; give the router's "
+                        "base URL, e.g. eval.router_url=http://127.0.0.1:8100, or leave it null to start "
+                        "engines and a router here.")
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
