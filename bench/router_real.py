@@ -42,7 +42,6 @@ import asyncio
 import dataclasses
 import json
 import math
-import signal
 import sys
 import time
 from datetime import datetime
@@ -58,6 +57,7 @@ from rl.config import REPO_ROOT
 from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from rollout.process import ProcessStartError
+from rollout.serve import stop_on_sigterm
 from router.launch import start_router
 from router.policies import make_policy, registered_policy_names
 from router.replay import ReplayError, WordText, replay, scrape_engines
@@ -338,12 +338,12 @@ def main() -> None:
         raise SystemExit(f"--policies: {e}") from None
     out = args.out or REPO_ROOT / "runs" / "bench" / f"router-real-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop_on_sigterm()
     try:
         results, base = run_benchmark(args, runs, out)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or SIGTERM via stop_on_sigterm
         print(f"interrupted; every process started was stopped; partial results in {out}", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(e.code if isinstance(e, SystemExit) else 130) from None
     except (EngineError, ProcessStartError, ReplayError, SimError) as e:
         print(f"bench.router_real failed: {e}\nlogs: {out}", file=sys.stderr)
         raise SystemExit(1) from None
