@@ -41,7 +41,7 @@ import numpy as np
 from rollout.client import SessionHeaders
 from router.policies.base import InstanceMetrics
 from router.signals import parse_engine_metrics
-from router.sim.metrics import policy_caps, tv_distance
+from router.sim.metrics import policy_caps, unit_figures
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
 
@@ -176,24 +176,18 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
 
     queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
     in_win = [r for r in requests if t0 <= r.finish_s <= t1]
-    per_class: dict[str, list[float]] = {}
-    for u in trainer.units.values():
-        if u.completed_s is not None and t0 <= u.completed_s <= t1:
-            per_class.setdefault(u.workload_class, []).append(u.completed_s - u.released_s)
-    consumed = {b: len(per_class.get(b, [])) for b in trainer.rho}
-    n_units = sum(consumed.values())
+    units = unit_figures(trainer.units.values(), trainer.rho, t0, t1)
     return {
         "window_s": [t0, t1],
-        "samples_per_min": n_units / dur * 60,
+        "samples_per_min": units["samples_per_min"],
         "requests_per_min": len(in_win) / dur * 60,
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "prefill_tok_s": sum(r.prompt_tokens for r in in_win) / dur,
         "computed_prefill_tok_s": (delta("prompt_tokens_total") - hits) / dur,
         "decode_tok_s": delta("generation_tokens_total") / dur,
-        "consumed_mixture": {b: n / n_units if n_units else 0.0 for b, n in consumed.items()},
-        "tv_distance": tv_distance({b: float(n) for b, n in consumed.items()}, trainer.rho) if n_units else 1.0,
-        "completion_s": {b: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))}
-                         for b, v in per_class.items()},
+        "consumed_mixture": units["consumed_mixture"],
+        "tv_distance": units["tv_distance"],
+        "completion_s": units["completion_s"],
         "preemptions": int(delta("num_preemptions_total")),
         "units_released": sum(trainer.released.values()),
         "units_completed": sum(trainer.completed.values()),

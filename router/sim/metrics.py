@@ -10,7 +10,7 @@ last request done).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -103,6 +103,28 @@ class RequestLog:
         }
 
 
+def unit_figures(units: Iterable, rho: Mapping[str, float], t0: float, t1: float) -> dict:
+    """Figures of the rollout units completed in [t0, t1] (trainer ``UnitRecord`` values).
+
+    Returns samples_per_min, consumed_mixture, tv_distance (1.0 when none completed) and
+    completion_s {class: {p50, p95}} (release to completion, seconds).
+    """
+    per_class: dict[str, list[float]] = {}
+    for u in units:
+        if u.completed_s is not None and t0 <= u.completed_s <= t1:
+            per_class.setdefault(u.workload_class, []).append(u.completed_s - u.released_s)
+    consumed = {b: len(per_class.get(b, [])) for b in rho}
+    n_units = sum(consumed.values())
+    return {
+        "samples_per_min": n_units / max(t1 - t0, 1e-9) * 60,
+        "consumed_mixture": {b: n / n_units if n_units else 0.0 for b, n in consumed.items()},
+        "tv_distance": tv_distance({b: float(n) for b, n in consumed.items()}, rho) if n_units else 1.0,
+        "completion_s": {
+            b: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))} for b, v in per_class.items()
+        },
+    }
+
+
 def policy_caps(state: object, prefix: str = "") -> dict[str, float]:
     """Numeric entries of a policy's ``state()`` whose key path mentions "cap" (flattened with '.')."""
     out: dict[str, float] = {}
@@ -134,25 +156,18 @@ def summarize(sim: Simulation, n_events: int) -> dict:
     fin = np.asarray(sim.log.finished_s)
     in_win = (fin >= t0) & (fin <= t1)
     prompts = np.asarray(sim.log.prompt_tokens)
-    units = [u for u in sim.trainer.units.values() if u.completed_s is not None and t0 <= u.completed_s <= t1]
-    per_class: dict[str, list[float]] = {}
-    for u in units:
-        per_class.setdefault(u.workload_class, []).append(u.completed_s - u.released_s)
-    consumed = {b: len(per_class.get(b, [])) for b in sim.trainer.rho}
-    n_units = sum(consumed.values())
+    units = unit_figures(sim.trainer.units.values(), sim.trainer.rho, t0, t1)
     gap, model = sim.log.agent_gap_s, sim.log.agent_model_s
     return {
         "window_s": [t0, t1],
-        "samples_per_min": n_units / dur_s * 60,
+        "samples_per_min": units["samples_per_min"],
         "requests_per_min": float(in_win.sum()) / dur_s * 60,
         "prefix_hit_rate": dh / dq if dq else 0.0,
         "prefill_tok_s": float(prompts[in_win].sum()) / dur_s if len(prompts) else 0.0,
         "decode_tok_s": dgen / dur_s,
-        "consumed_mixture": {b: n / n_units if n_units else 0.0 for b, n in consumed.items()},
-        "tv_distance": tv_distance({b: float(n) for b, n in consumed.items()}, sim.trainer.rho) if n_units else 1.0,
-        "completion_s": {
-            b: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))} for b, v in per_class.items()
-        },
+        "consumed_mixture": units["consumed_mixture"],
+        "tv_distance": units["tv_distance"],
+        "completion_s": units["completion_s"],
         "engine_busy_frac": dbusy / (dur_s * len(sim.engines)),
         "preemptions": int(dpre),
         "agent_tool_gap_share": gap / (gap + model) if gap + model else 0.0,
