@@ -6,7 +6,18 @@ pending set P_w (admitted, not yet visible: MISA-T Eq. 6), and globally the held
 session carries its class, group, observed KV blocks (max over its requests of
 (prompt + completion tokens) / block size) and timestamps (first seen, admission, first
 start, last activity, end). Completed sessions feed per-class bounded histories of
-KV blocks and residency seconds (admission -> end, tool gaps included).
+KV footprint and residency seconds (admission -> end, tool gaps included).
+
+The footprint history holds, per ``footprint``:
+- ``time_averaged`` (default): the session's block-seconds divided by its residency,
+  Z_s / T_s of MISA-T Eq. 2 (Z_s = ∫ k_s(t) dt). k_s(t) is taken as piecewise linear
+  between the ledger's observations: 0 at admission, the prompt blocks when a request
+  starts, prompt + completion blocks when it finishes (decode grows linearly between the
+  two; during a tool gap the blocks stay resident), constant from the last observation to
+  the end. This is what an admitted session holds on average, so k̄_b T_b approximates
+  the class's block-time demand as Eq. 2 intends.
+- ``final``: the largest observed footprint (its blocks at the end), which overstates the
+  time average 2-3x for sessions that grow (agents) or decode long (RLVR).
 
 Every operation is O(1) amortised except :meth:`SessionLedger.mark_visible` (O(|P_w|))
 and :meth:`SessionLedger.unbind_instance` (O(|O_w| + |P_w|)). Idle expiry is O(expired):
@@ -40,7 +51,7 @@ class SessionRecord:
         "session_id", "workload_class", "group_id", "state", "instance", "cached_instance",
         "first_seen_s", "admitted_s", "started_s", "last_activity_s", "turn_starts_s", "turns", "in_flight",
         "observed_blocks", "end_requested", "held_since_s", "hold_reason", "last_decided_s",
-        "floor_admitted",
+        "floor_admitted", "block_seconds", "last_observed_s", "last_observed_blocks",
     )  # fmt: skip
 
     def __init__(self, session_id: str, workload_class: str, group_id: str | None, now: float) -> None:
@@ -63,6 +74,30 @@ class SessionRecord:
         self.hold_reason: str | None = None
         self.last_decided_s = now
         self.floor_admitted = False
+        self.block_seconds = 0.0  # ∫ k_s(t) dt since admission up to last_observed_s (Eq. 2)
+        self.last_observed_s: float | None = None
+        self.last_observed_blocks = 0
+
+    def time_averaged_blocks(self, now: float) -> float | None:
+        """Z_s / T_s (MISA-T Eq. 2): mean KV blocks held from admission to ``now``; None
+        before admission. Piecewise linear between observations, constant after the last."""
+        if self.admitted_s is None or self.last_observed_s is None:
+            return None
+        residency = now - self.admitted_s
+        if residency <= 0:
+            return float(self.observed_blocks)
+        tail = self.last_observed_blocks * max(0.0, now - self.last_observed_s)
+        return (self.block_seconds + tail) / residency
+
+    def _integrate(self, now: float, blocks: int) -> None:
+        """Add the trapezoid from the last observation to (now, blocks) to ``block_seconds``."""
+        if self.last_observed_s is None:
+            return
+        dt = now - self.last_observed_s
+        if dt > 0:
+            self.block_seconds += 0.5 * (self.last_observed_blocks + blocks) * dt
+            self.last_observed_s = now
+        self.last_observed_blocks = blocks
 
     @property
     def protected(self) -> bool:
@@ -87,6 +122,7 @@ class FinishedSession:
     reason: str
     observed_blocks: int
     residency_s: float | None
+    time_averaged_blocks: float | None
     turns: int
     ended_s: float
 
@@ -96,12 +132,21 @@ class SessionLedger:
 
     Args:
         history_len: samples kept per class (and over all classes) of completed-session
-            KV blocks and residency seconds.
+            KV footprint (blocks) and residency seconds.
         finished_keep: finished sessions remembered (to recognise a re-acquiring
             continuation after an idle timeout, and for /state).
+        footprint: what the footprint histories hold per completed session:
+            ``time_averaged`` (Z_s / T_s, MISA-T Eq. 2) or ``final`` (its largest observed
+            blocks); see the module docstring.
+
+    Raises:
+        ValueError: ``footprint`` is neither.
     """
 
-    def __init__(self, history_len: int = 256, finished_keep: int = 4096) -> None:
+    def __init__(self, history_len: int = 256, finished_keep: int = 4096, footprint: str = "time_averaged") -> None:
+        if footprint not in ("time_averaged", "final"):
+            raise ValueError(f"footprint must be 'time_averaged' or 'final', got {footprint!r}")
+        self.footprint = footprint
         self.history_len = history_len
         self.finished_keep = finished_keep
         self._sessions: dict[str, SessionRecord] = {}
@@ -229,6 +274,7 @@ class SessionLedger:
         rec.last_decided_s = now
         if rec.admitted_s is None:
             rec.admitted_s = now
+            rec.last_observed_s, rec.last_observed_blocks = now, 0
         self._pending.setdefault(instance, {})[rec.session_id] = rec
         counts = self._class_n.setdefault(instance, {})
         counts[rec.workload_class] = counts.get(rec.workload_class, 0) + 1
@@ -251,7 +297,7 @@ class SessionLedger:
         if rec.started_s is None:
             rec.started_s = now
         self._idle.pop(session_id, None)
-        self._observe_blocks(rec, prompt_blocks)
+        self._observe_blocks(rec, prompt_blocks, now)
 
     def request_finished(self, session_id: str, now: float, blocks: int, session_end: bool) -> FinishedSession | None:
         """A request of ``session_id`` finished; ``blocks`` = (prompt + completion) KV blocks.
@@ -265,7 +311,7 @@ class SessionLedger:
         rec.in_flight = max(0, rec.in_flight - 1)
         rec.last_activity_s = now
         rec.end_requested = rec.end_requested or session_end
-        self._observe_blocks(rec, blocks)
+        self._observe_blocks(rec, blocks, now)
         if rec.in_flight:
             return None
         if rec.end_requested:
@@ -318,12 +364,15 @@ class SessionLedger:
             del self._held[rec.workload_class][session_id]
         self._idle.pop(session_id, None)
         residency = now - rec.admitted_s if rec.admitted_s is not None else None
+        averaged = rec.time_averaged_blocks(now)
         if residency is not None and rec.observed_blocks > 0:
             b = rec.workload_class
-            self.blocks_history.setdefault(b, BoundedHistory(self.history_len)).append(rec.observed_blocks)
+            footprint = rec.observed_blocks if self.footprint == "final" else averaged
+            self.blocks_history.setdefault(b, BoundedHistory(self.history_len)).append(footprint)
             self.residency_history.setdefault(b, BoundedHistory(self.history_len)).append(residency)
-            self.blocks_history_all.append(rec.observed_blocks)
-        done = FinishedSession(session_id, rec.workload_class, instance, reason, rec.observed_blocks, residency, rec.turns, now)
+            self.blocks_history_all.append(footprint)
+        done = FinishedSession(session_id, rec.workload_class, instance, reason, rec.observed_blocks, residency,
+                               averaged, rec.turns, now)
         self._finished[session_id] = done
         self._finished.move_to_end(session_id)
         while len(self._finished) > self.finished_keep:
@@ -369,7 +418,8 @@ class SessionLedger:
         rec.last_activity_s = max(rec.last_activity_s, now)
         self._idle[rec.session_id] = rec
 
-    def _observe_blocks(self, rec: SessionRecord, blocks: int) -> None:
+    def _observe_blocks(self, rec: SessionRecord, blocks: int, now: float) -> None:
+        rec._integrate(now, max(blocks, rec.observed_blocks))
         if blocks > rec.observed_blocks:
             if rec.protected:
                 b = rec.workload_class

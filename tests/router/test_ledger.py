@@ -17,8 +17,43 @@ def test_session_moves_pending_to_active_and_ends_into_class_histories() -> None
     done = ledger.request_finished("s", 5.0, blocks=7, session_end=True)
     assert (done.reason, done.observed_blocks, done.residency_s) == ("end", 7, 4.0)
     assert ledger.protected_count("w0") == 0 and ledger.visible_siblings("g") == 0
-    assert ledger.blocks_history["agent"].quantile(1.0) == 7
+    # Eq. 2 time average, piecewise linear: 0 at admission (t=1), 3 at start (t=2), 7 at
+    # the end (t=5): (0.5*(0+3)*1 + 0.5*(3+7)*3) / 4 = 16.5 / 4.
+    assert done.time_averaged_blocks == 4.125
+    assert ledger.blocks_history["agent"].quantile(1.0) == 4.125
     assert ledger.residency_history["agent"].mean() == 4.0
+
+
+def test_time_averaged_footprint_counts_tool_gaps_and_the_tail_to_the_end() -> None:
+    """Two turns with a tool gap between, then an idle tail until the session ends."""
+    ledger = SessionLedger()
+    rec = ledger.open("s", "agent", None, 0.0)
+    ledger.admit(rec, "w0", 0.0)
+    ledger.request_started("s", 0.0, prompt_blocks=2)
+    ledger.request_finished("s", 2.0, blocks=4, session_end=False)  # 0.5*(2+4)*2 = 6
+    ledger.request_started("s", 6.0, prompt_blocks=5)  # tool gap: 0.5*(4+5)*4 = 18
+    ledger.request_finished("s", 8.0, blocks=8, session_end=False)  # 0.5*(5+8)*2 = 13
+    assert rec.time_averaged_blocks(8.0) == 37 / 8
+    assert rec.time_averaged_blocks(10.0) == (37 + 8 * 2) / 10  # resident until it ends
+    done = ledger.end("s", 10.0, "idle_timeout")
+    assert done.time_averaged_blocks == 5.3 and done.observed_blocks == 8
+    assert ledger.blocks_history["agent"].quantile(1.0) == 5.3
+
+
+def test_final_footprint_option_keeps_peak_blocks() -> None:
+    ledger = SessionLedger(footprint="final")
+    rec = ledger.open("s", "rlvr", None, 0.0)
+    ledger.admit(rec, "w0", 0.0)
+    ledger.request_started("s", 0.0, prompt_blocks=1)
+    ledger.request_finished("s", 4.0, blocks=9, session_end=True)
+    assert ledger.blocks_history["rlvr"].quantile(0.5) == 9 and ledger.blocks_history_all.quantile(0.5) == 9
+
+
+def test_unknown_footprint_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="footprint must be 'time_averaged' or 'final'"):
+        SessionLedger(footprint="peak")
 
 
 def test_idle_expiry_closes_oldest_idle_sessions_only() -> None:
