@@ -50,6 +50,18 @@ def register_user_error(exc_type: type[BaseException], exit_code: int = 1) -> ty
     return exc_type
 
 
+# Sections whose keys are defined in code rather than in the recipe, with the function
+# (imported only when needed) that says what is valid there given the composed config.
+_SECTION_HELP = {"router.params": "router.policies.registry:router_params_help"}
+
+
+def _section_help(section: str, cfg: DictConfig) -> str:
+    import importlib
+
+    module, _, name = _SECTION_HELP[section].partition(":")
+    return getattr(importlib.import_module(module), name)(cfg)
+
+
 def user_error_exit_code(exc: BaseException) -> int:
     """The exit code registered for the most specific registered class of ``exc``."""
     return next(_USER_ERRORS[cls] for cls in type(exc).__mro__ if cls in _USER_ERRORS)
@@ -155,6 +167,10 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
         if _is_group(key):
             continue
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            section = next((sec for sec in _SECTION_HELP if key.startswith(sec + ".")), None)
+            if section is not None:
+                return (f"unknown config key '{key}': options under '{section}' are added with a leading '+', "
+                        f"e.g. +{key}=VALUE. {_section_help(section, cfg)}")
             parent, keys = _keys_at(cfg, key)
             where = f"under '{parent}'" if parent else "at the top level"
             return (f"unknown config key '{key}'. Valid keys {where}: {', '.join(keys)}. "

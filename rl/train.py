@@ -231,23 +231,26 @@ def use_trainer_gpus(placement) -> None:
 
 def validate_job_cfg(cfg: DictConfig):
     """Everything about the composed config that can be checked before engines start:
-    ``model.path`` given where the recipe requires it, the ``trainer`` and ``engine``
-    groups, the GPU placement, and that the weight sync fits the engines.
+    ``model.path`` given where the recipe requires it, the ``trainer``, ``engine`` and
+    ``router`` groups (``router.launch.check_router_cfg``), the GPU placement, and that the
+    weight sync fits the engines.
 
     Returns:
         the GPU placement (``job_gpu_placement``), or None with engines on CPU.
 
     Raises:
-        ConfigError, EngineError, ModelPrepareError: the message names the key and what
-            to give instead.
+        ConfigError, EngineError, ModelPrepareError, RouterConfigError: the message names
+            the key and what to give instead.
     """
     from rollout.engines import validate_engine_cfg
     from rollout.model import check_model_path_given
     from rollout.weight_sync import WORKER_EXTENSION
+    from router.launch import check_router_cfg
 
     check_model_path_given(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     validate_engine_cfg(cfg.engine)
+    check_router_cfg(cfg.router)
     placement = job_gpu_placement(cfg)
     tcfg, ecfg = cfg.trainer, cfg.engine
     if tcfg.weight_sync.method == "nccl":

@@ -61,8 +61,10 @@ class ServingStack:
             ModelPrepareError, EngineError, ProcessStartError: something did not come up;
                 whatever was already started is stopped first.
         """
+        from router.launch import check_router_cfg, start_router
+
         validate_engine_cfg(self.cfg.engine)
-        from router.launch import start_router
+        check_router_cfg(self.cfg.router)
 
         t0 = time.monotonic()
         self.model_path = resolve_model_path(self.cfg.model)

@@ -122,6 +122,31 @@ def router_argv(
     return argv + list(extra_overrides)
 
 
+def check_router_cfg(router_cfg: Mapping[str, Any]) -> None:
+    """Check the ``router`` config group before anything starts: a known ``impl``; for
+    ``vllm`` the ``vllm-router`` program is installed; for ``ours`` the policy exists and
+    takes the given ``params`` (a router that would exit at start-up is refused here,
+    before engines spend minutes starting).
+
+    Raises:
+        RouterConfigError: the message names the key and what to give instead
+            (``UnknownOptionError`` for an unknown policy or option).
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    from router.policies import make_policy
+
+    if isinstance(router_cfg, DictConfig):
+        router_cfg = OmegaConf.to_container(router_cfg, resolve=True)
+    impl = router_cfg.get("impl", "ours")
+    if impl == "vllm":
+        _vllm_router_binary()
+    elif impl == "ours":
+        make_policy(router_cfg.get("policy", "misa_t"), router_cfg.get("params") or {})
+    else:
+        raise RouterConfigError(f"router.impl={impl!r} is unknown; use 'ours' or 'vllm'")
+
+
 def start_router(
     router_cfg: Mapping[str, Any],
     engine_urls: Sequence[str],

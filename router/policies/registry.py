@@ -19,6 +19,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from rl.config import register_user_error
 from router.policies.base import Policy, RouterConfigError, UnknownOptionError
 
 PolicyFactory = Callable[[Any], Policy]
@@ -189,3 +190,22 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         item_tp = args[0] if args else Any
         return tuple(_coerce(v, item_tp, f"{where} item") for v in value)
     raise RouterConfigError(f"{where}: unsupported option type {_type_name(tp)}")
+
+
+def router_params_help(cfg: Any) -> str:
+    """What ``router.params`` takes in the composed config ``cfg``: the policy's options
+    (``rl.config`` adds it to the message for an unknown key there)."""
+    impl, policy = cfg.router.get("impl"), cfg.router.get("policy")
+    if impl != "ours" or policy is None:
+        keys = ", ".join(str(k) for k in cfg.router if k not in ("impl", "policy", "params"))
+        return f"Router impl {impl!r} takes no policy options; its settings are the keys under 'router': {keys}."
+    try:
+        return f"Valid options of policy {policy!r}: {', '.join(policy_config_fields(policy))}."
+    except RouterConfigError as exc:
+        return str(exc)
+
+
+# Entry points that build a router (python -m router, rl.train, rollout.serve, ...) print
+# these as one line: a bad value exits 1, an unknown name 2 (like an unknown config key).
+register_user_error(RouterConfigError)
+register_user_error(UnknownOptionError, exit_code=2)
