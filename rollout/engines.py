@@ -35,7 +35,7 @@ import httpx
 from omegaconf import DictConfig
 
 from rollout.process import ManagedProcess, ProcessStartError, free_port
-from router.urls import engine_urls_problem
+from router.urls import engine_urls_problem, kv_event_endpoints_problem
 
 
 class EngineError(RuntimeError):
@@ -235,7 +235,8 @@ def validate_engine_cfg(ecfg: DictConfig) -> None:
         raise bad("request_timeout_s", "give seconds > 0, or null for the router's default")
     if not 0 < float(ecfg.gpu_memory_utilization) <= 1:
         raise bad("gpu_memory_utilization", "give a fraction in (0, 1]")
-    problem = engine_urls_problem(ecfg.get("urls") or [], "engine.urls")
+    problem = engine_urls_problem(ecfg.get("urls") or [], "engine.urls") or kv_event_endpoints_problem(
+        ecfg.get("kv_event_endpoints") or [], "engine.kv_event_endpoints", len(ecfg.get("urls") or []))
     if problem is not None:  # before any health check waits startup_timeout_s on it
         raise EngineError(problem)
 
@@ -290,11 +291,7 @@ class EnginePool:
         """
         validate_engine_cfg(ecfg)
         if ecfg.urls:
-            kv = list(ecfg.kv_event_endpoints or [])
-            if kv and len(kv) != len(ecfg.urls):
-                raise EngineError(
-                    f"engine.kv_event_endpoints has {len(kv)} entries for {len(ecfg.urls)} "
-                    "engine.urls: give one endpoint per URL, in the same order, or none.")
+            kv = [str(e).strip() for e in ecfg.kv_event_endpoints or []]
             handles = [EngineHandle(i, str(u).rstrip("/"), kv[i] if kv else None)
                        for i, u in enumerate(ecfg.urls)]
             for h in handles:

@@ -63,7 +63,7 @@ from router.policies.base import (
 )
 from router.signals import KvEventSubscriber, KvHashTranslator, MetricsScraper
 from router.tokenize import Endpoint, PromptError, PromptTokenizer
-from router.urls import engine_urls_problem, normalize_engine_urls
+from router.urls import engine_urls_problem, kv_event_endpoints_problem, normalize_engine_urls
 
 log = logging.getLogger(__name__)
 
@@ -122,16 +122,17 @@ class ServiceConfig:
         for f in fields(self):
             value, default = getattr(self, f.name), f.default
             if isinstance(default, (int, float)) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise RouterConfigError(f"router service option {f.name} must be a number, got {value!r}")
+                raise RouterConfigError(f"{_SERVICE_OPTIONS.get(f.name, f.name)} must be a number, got {value!r}")
             if isinstance(default, int) and not isinstance(value, int):
-                raise RouterConfigError(f"router service option {f.name} must be an integer, got {value!r}")
+                raise RouterConfigError(f"{_SERVICE_OPTIONS.get(f.name, f.name)} must be an integer, got {value!r}")
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
                      "no_engine_timeout_s",
                      "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
             if getattr(self, name) <= 0:
-                raise RouterConfigError(f"router service option {name} must be > 0, got {getattr(self, name)!r}")
+                raise RouterConfigError(f"{_SERVICE_OPTIONS.get(name, name)} must be > 0, got {getattr(self, name)!r}")
         if self.max_retries < 0 or self.session_idle_timeout_s < 0:
-            raise RouterConfigError("max_retries and session_idle_timeout_s must be >= 0")
+            raise RouterConfigError(f"{_SERVICE_OPTIONS['max_retries']} and {_SERVICE_OPTIONS['session_idle_timeout_s']} "
+                                    f"must be >= 0, got {self.max_retries!r} and {self.session_idle_timeout_s!r}")
 
 
 @dataclass
@@ -238,11 +239,10 @@ class RouterService:
             raise RouterConfigError("no engines: set engines.urls=[http://host:port,...]")
         if len(set(urls)) != len(urls):
             raise RouterConfigError(f"engines.urls has duplicates: {urls}")
-        if kv_event_endpoints and len(kv_event_endpoints) != len(urls):
-            raise RouterConfigError(
-                f"engines.kv_event_endpoints has {len(kv_event_endpoints)} entries for {len(urls)} engines; "
-                "give one per engine, in the same order, or none"
-            )
+        problem = kv_event_endpoints_problem(kv_event_endpoints, "engines.kv_event_endpoints", len(urls))
+        if problem is not None:
+            raise RouterConfigError(problem)
+        kv_event_endpoints = [str(e).strip() for e in kv_event_endpoints]
         self.policy = policy
         self.config = config or ServiceConfig()
         self.clock = clock
@@ -887,7 +887,7 @@ def build_service(cfg: Any) -> RouterService:
     return RouterService(
         policy,
         cfg.engines.urls,  # checked as a list there: a plain string is refused, not split into characters
-        list(cfg.engines.kv_event_endpoints or []),
+        cfg.engines.kv_event_endpoints if cfg.engines.kv_event_endpoints is not None else [],
         tokenizer=tokenizer,
         config=config,
         block_size=cfg.engines.block_size,

@@ -1,5 +1,6 @@
-"""Engine base URLs as the router takes them (``engines.urls`` of ``python -m router``,
-``engine.urls`` of a training job).
+"""Engine base URLs and KV-event endpoints as the router takes them (``engines.urls`` /
+``engines.kv_event_endpoints`` of ``python -m router``, ``engine.urls`` /
+``engine.kv_event_endpoints`` of a training job).
 
 An engine base URL is ``http(s)://host[:port][/prefix]``: the router appends
 ``/v1/completions``, ``/health`` and ``/metrics`` to it, so it has a scheme and a host,
@@ -55,6 +56,57 @@ def engine_urls_problem(urls: Any, key: str) -> str | None:
         if problem is not None:
             return (f"{key}[{i}]={url!r} is not an engine base URL: {problem}. "
                     f"Give http(s)://host:port for each engine, e.g. {key}={EXAMPLE_URLS}")
+    return None
+
+
+EXAMPLE_KV_ENDPOINTS = "[tcp://127.0.0.1:5557,tcp://127.0.0.1:5558]"
+"""A valid value for a KV-event endpoint list (vLLM's ``--kv-events-config`` publishers)."""
+
+
+def zmq_endpoint_problem(endpoint: Any) -> str | None:
+    """What keeps ``endpoint`` from being a ZMQ endpoint the router can connect to (a vLLM
+    KV-event publisher), or None: ``tcp://host:port`` (port 1-65535; not the bind-only
+    ``*`` host), ``ipc://path`` or ``inproc://name``."""
+    if not isinstance(endpoint, str) or not endpoint.strip():
+        return "it is not an endpoint string"
+    endpoint = endpoint.strip()
+    transport, sep, address = endpoint.partition("://")
+    if not sep:
+        return "it has no transport (write tcp://host:port)"
+    if transport in ("ipc", "inproc"):
+        return None if address else f"{transport}:// needs a path or name"
+    if transport != "tcp":
+        return f"its transport {transport!r} is not tcp, ipc or inproc"
+    host, colon, port = address.rpartition(":")
+    if not colon or not host:
+        return "tcp:// needs host:port"
+    if host == "*":
+        return "'*' is a bind address; give the engine's host"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"its port {port!r} is not a number in 1-65535"
+    return None
+
+
+def kv_event_endpoints_problem(endpoints: Any, key: str, num_engines: int) -> str | None:
+    """A message naming ``key`` when ``endpoints`` is not a list of ZMQ endpoints, one per
+    engine (or empty: no KV events), else None.
+
+    Args:
+        endpoints: the configured value.
+        key: the config key it came from (``engines.kv_event_endpoints``, ...).
+        num_engines: how many engine URLs were given (the lists pair up by position).
+    """
+    if isinstance(endpoints, (str, bytes)) or not hasattr(endpoints, "__iter__"):
+        return f"{key}={endpoints!r} must be a list of ZMQ endpoints, e.g. {key}={EXAMPLE_KV_ENDPOINTS}"
+    endpoints = list(endpoints)
+    if endpoints and len(endpoints) != num_engines:
+        return (f"{key} has {len(endpoints)} entries for {num_engines} engines; give one per engine URL, "
+                "in the same order, or none")
+    for i, endpoint in enumerate(endpoints):
+        problem = zmq_endpoint_problem(endpoint)
+        if problem is not None:
+            return (f"{key}[{i}]={endpoint!r} is not a ZMQ endpoint: {problem}. "
+                    f"e.g. {key}={EXAMPLE_KV_ENDPOINTS}")
     return None
 
 

@@ -1,5 +1,6 @@
-"""Engine URLs are checked at start: a value that is no http(s)://host:port is refused with
-the key named and a valid example, before any health check or request waits on it."""
+"""Engine URLs and KV-event endpoints are checked at start: a value that is no
+http(s)://host:port (or no connectable ZMQ endpoint) is refused with the key named and a
+valid example, before any health check or request waits on it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from router.launch import REPO_ROOT, router_argv
 from router.policies import RoundRobinPolicy
 from router.policies.base import RouterConfigError
 from router.server import RouterService
-from router.urls import engine_urls_problem, url_problem
+from router.urls import engine_urls_problem, kv_event_endpoints_problem, url_problem, zmq_endpoint_problem
 
 BAD_URLS = [
     ("notaurl", "no scheme"),
@@ -73,6 +74,43 @@ def test_training_job_refuses_a_bad_engine_url_before_starting_anything():
 def test_python_m_router_refuses_a_bad_engine_url_at_start(urls, expected):
     run = subprocess.run([sys.executable, "-m", "router", "router=round-robin", f"engines.urls={urls}"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
-    assert run.returncode == 2
+    assert run.returncode == 1
     assert expected in run.stderr and "e.g. engines.urls=[http://" in run.stderr
     assert "Traceback" not in run.stderr + run.stdout
+
+
+@pytest.mark.parametrize(("endpoint", "why"), [
+    ("localhost:5557", "no transport"),
+    ("udp://host:5557", "'udp' is not tcp, ipc or inproc"),
+    ("tcp://*:5557", "'*' is a bind address"),
+    ("tcp://host", "needs host:port"),
+    ("tcp://:5557", "needs host:port"),
+    ("tcp://host:0", "not a number in 1-65535"),
+    ("tcp://host:port", "not a number in 1-65535"),
+    ("ipc://", "needs a path"),
+    ("", "not an endpoint string"),
+])
+def test_kv_event_endpoint_that_cannot_be_connected_is_named(endpoint, why):
+    assert why in zmq_endpoint_problem(endpoint)
+    message = kv_event_endpoints_problem(["tcp://127.0.0.1:5557", endpoint], "engines.kv_event_endpoints", 2)
+    assert message.startswith(f"engines.kv_event_endpoints[1]={endpoint!r} is not a ZMQ endpoint") and why in message
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5557", "tcp://engine-0:5557", "tcp://[::1]:5557",
+                                      "ipc:///tmp/kv.sock", "inproc://kv"])
+def test_connectable_kv_event_endpoints_are_accepted(endpoint):
+    assert zmq_endpoint_problem(endpoint) is None
+
+
+def test_kv_event_endpoints_pair_with_engines_or_are_empty():
+    assert kv_event_endpoints_problem([], "k", 2) is None
+    assert "has 1 entries for 2 engines" in kv_event_endpoints_problem(["tcp://a:1"], "k", 2)
+    assert "must be a list of ZMQ endpoints" in kv_event_endpoints_problem("tcp://a:1", "k", 1)
+
+
+def test_router_service_and_training_job_refuse_a_bad_kv_endpoint():
+    with pytest.raises(RouterConfigError, match=r"engines\.kv_event_endpoints\[0\]='tcp://\*:5557'"):
+        RouterService(RoundRobinPolicy(), ["http://127.0.0.1:8001"], ["tcp://*:5557"])
+    ecfg = compose("train", ["engine.urls=[http://127.0.0.1:8001]", "engine.kv_event_endpoints=[localhost:5557]"]).engine
+    with pytest.raises(EngineError, match=r"engine\.kv_event_endpoints\[0\]='localhost:5557' .*no transport"):
+        validate_engine_cfg(ecfg)

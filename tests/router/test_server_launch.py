@@ -60,25 +60,30 @@ def test_vllm_router_argv_carries_recipe_thresholds():
 
 
 @pytest.mark.parametrize(
-    ("override", "expected"),
+    ("override", "code", "expected"),
     [
-        ("nosuchkey=1", "Valid keys in the top level: router, server, engines"),
-        ("engines.bogus=1", "Valid keys in section 'engines': urls"),
-        ("router=nope", "Valid router=... choices: cache-aware, misa, misa-t, round-robin, session-admission, vllm"),
-        ("router=round-robin +router.params.nope=1", "valid options: no_healthy_recheck_s"),
-        ("router=round-robin router.params.nope=1", "added with a leading '+'"),
-        ("router=round-robin", "no engines: set engines.urls"),
-        ("router=vllm engines.urls=[http://127.0.0.1:1]", "is run by router.launch.start_router"),
-        ("router=round-robin engines.urls=[http://127.0.0.1:1] engines.max_retries=abc", "must be a number"),
-        ("router=round-robin engines.urls=[http://127.0.0.1:1] server.port=-1", "server.port must be a TCP port"),
+        ("nosuchkey=1", 2, "Valid keys at the top level: engines, model, router, server"),
+        ("engines.bogus=1", 2, "Valid keys under 'engines': block_size"),
+        ("router=nope", 2, "Valid options for router: cache-aware, misa, misa-t, round-robin, session-admission, vllm"),
+        ("router=round-robin +router.params.nope=1", 2, "valid options: no_healthy_recheck_s"),
+        ("router=round-robin router.params.nope=1", 2, "added with a leading '+', e.g. +router.params.nope=VALUE. "
+                                                       "Valid options of policy 'round_robin': no_healthy_recheck_s"),
+        ("router=vllm router.params.nope=1", 2, "Router impl 'vllm' takes no policy options"),
+        ("+router.params.k_quantile=2", 1, "k_quantile must be in (0, 1]"),
+        ("router=round-robin", 1, "no engines: set engines.urls"),
+        ("router=vllm engines.urls=[http://127.0.0.1:1]", 1, "is run by router.launch.start_router"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] engines.max_retries=abc", 1,
+         "engines.max_retries must be a number"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] server.port=-1", 1, "server.port must be a TCP port"),
     ],
 )
-def test_config_mistake_gives_one_paragraph_and_no_traceback(override, expected):
+def test_config_mistake_gives_one_line_and_no_traceback(override, code, expected):
+    """Exit 2 for an unknown name (key, group choice, policy option), 1 for a bad value."""
     run = subprocess.run([sys.executable, "-m", "router", *override.split()], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=60)
-    assert run.returncode == 2
+    assert run.returncode == code, run.stderr
     assert expected in run.stderr and "Traceback" not in run.stderr + run.stdout
-    assert run.stderr.startswith("router: configuration error:")
+    assert run.stderr.startswith("error: ") and run.stderr.count("\n") == 1
 
 
 def test_cfg_job_prints_resolved_config():
@@ -98,3 +103,34 @@ def test_engine_request_timeout_reaches_either_router():
     assert "engines.request_timeout_s=7200.0" in router_argv(ours, ["http://a:1"], [], None, 9000,
                                                               request_timeout_s=7200)
     assert not any("request_timeout" in a for a in router_argv(ours, ["http://a:1"], [], None, 9000))
+
+
+def test_check_router_cfg_refuses_what_would_fail_after_engines_started(monkeypatch, tmp_path):
+    from router.launch import check_router_cfg
+    from router.policies.base import RouterConfigError, UnknownOptionError
+
+    check_router_cfg(OmegaConf.load(RECIPES_DIR / "router" / "misa-t.yaml"))
+    with pytest.raises(UnknownOptionError, match="unknown option"):
+        check_router_cfg({"impl": "ours", "policy": "misa_t", "params": {"nope": 1}})
+    with pytest.raises(RouterConfigError, match="k_quantile must be in"):
+        check_router_cfg({"impl": "ours", "policy": "misa_t", "params": {"k_quantile": 0}})
+    with pytest.raises(RouterConfigError, match="router.impl='sglang' is unknown"):
+        check_router_cfg({"impl": "sglang"})
+    # vllm-router not installed: no program beside the interpreter, none on PATH.
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RouterConfigError, match="router=vllm needs the vllm-router program: pip install vllm-router"):
+        check_router_cfg(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
+
+
+@pytest.mark.parametrize(("override", "code", "expected"), [
+    ("+router.params.nope=1", 2, "router policy 'misa_t': unknown option(s) 'nope'"),
+    ("router.params.nope=1", 2, "Valid options of policy 'misa_t': protected_fraction"),
+    ("+router.params.k_quantile=0", 1, "k_quantile must be in (0, 1]"),
+])
+def test_training_job_refuses_a_bad_router_option_before_starting_anything(override, code, expected):
+    run = subprocess.run([sys.executable, "-m", "rl.train", override], capture_output=True, text=True,
+                         cwd=REPO_ROOT, timeout=120)
+    assert run.returncode == code, run.stderr
+    assert expected in run.stderr and "Traceback" not in run.stderr + run.stdout
+    assert "starting" not in run.stdout.lower()
