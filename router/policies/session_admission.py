@@ -119,7 +119,7 @@ class SessionAdmissionConfig:
     k_quantile: float = 0.75
     """Conservative reference footprint: the p75 of the completed-session footprints, above
     the median (session lengths are long-tailed, MISA-T Table 2). Measured in the
-    simulator (misa_t samples/min; ``docs`` in README "Footprint estimate"): with
+    simulator (misa_t samples/min; README, "Session footprint"): with
     time-averaged footprints p75 is within 2% of the best setting at the paper's shape
     (step3.7-like, scale 0.25) and 16% below it on 2 CPU engines of 32 blocks, where p90
     loses 4% and 33%, and p50 overcommits at the paper's shape (hit rate 97% -> 65%)."""
