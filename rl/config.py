@@ -236,6 +236,26 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
             raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
 
 
+def _remove_refused_run_dir() -> None:
+    """Remove the run folder Hydra made for a command that was refused, if it holds only
+    Hydra's own files (``.hydra/`` and top-level ``*.log``): a refused command leaves no
+    empty run behind. A folder with anything else in it (the job got further) is kept."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir).resolve()
+    except ValueError:  # Hydra is not running
+        return
+    if out in (Path.cwd().resolve(), REPO_ROOT) or not out.is_dir():
+        return
+    for entry in out.iterdir():
+        if not (entry.name == ".hydra" and entry.is_dir() or entry.is_file() and entry.suffix == ".log"):
+            return
+    shutil.rmtree(out, ignore_errors=True)
+
+
 def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], Callable[[], None]]:
     """Decorator for an entry point ``fn(cfg)`` driven by ``recipes/<config_name>.yaml``.
 
@@ -252,6 +272,7 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
             try:
                 fn(cfg)
             except tuple(_USER_ERRORS) as e:
+                _remove_refused_run_dir()
                 print(f"error: {e}", file=sys.stderr)
                 raise SystemExit(user_error_exit_code(e))
 

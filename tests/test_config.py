@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from rl.config import ConfigError, compose
 
@@ -34,6 +35,25 @@ def test_bad_engine_value_is_a_one_line_error_without_traceback(tmp_path):
     assert r.returncode == 1
     assert "engine.num_engines=0 is invalid" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+    assert not (tmp_path / "run").exists()  # a refused command leaves no empty run folder
+
+
+def test_run_folder_with_more_than_hydra_files_is_kept(tmp_path, monkeypatch):
+    """Only a folder holding nothing but Hydra's own files is removed on a refused command."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rl.config import _remove_refused_run_dir
+
+    for name, extra in (("empty", None), ("used", "metrics.jsonl")):
+        out = tmp_path / name
+        (out / ".hydra").mkdir(parents=True)
+        (out / "train.log").write_text("")
+        if extra:
+            (out / extra).write_text("{}")
+        monkeypatch.setattr(HydraConfig, "get", classmethod(lambda cls, out=out: OmegaConf.create(
+            {"runtime": {"output_dir": str(out)}})))
+        _remove_refused_run_dir()
+    assert not (tmp_path / "empty").exists() and (tmp_path / "used" / "metrics.jsonl").exists()
 
 
 def test_cfg_job_prints_the_resolved_config():
