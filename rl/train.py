@@ -200,15 +200,34 @@ def job_gpu_placement(cfg: DictConfig):
     Raises:
         EngineError: the trainer's GPUs overlap the engines', or the job has too few.
     """
-    from rollout.engines import gpu_placement
+    from rollout.engines import EngineError, gpu_placement
 
     ecfg = cfg.engine
     if ecfg.kind != "gpu":
         return None
     gpus = cfg.trainer.learner.get("gpus")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        count = visible_gpu_count()
+        if count == 0:
+            raise EngineError("engine=gpu, but this machine has no GPU that torch can see; "
+                              "use engine=cpu here, or run the job on a GPU machine")
+        visible = ",".join(str(i) for i in range(count))
     return gpu_placement(0 if ecfg.urls else int(ecfg.num_engines), int(ecfg.tensor_parallel_size),
-                         None if gpus is None else [int(g) for g in gpus],
-                         visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+                         None if gpus is None else [int(g) for g in gpus], visible=visible)
+
+
+def visible_gpu_count() -> int:
+    """GPUs torch sees on this machine, counted in a child process: initialising CUDA here
+    would fix this process's devices before ``use_trainer_gpus`` narrows them."""
+    import subprocess
+
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True, timeout=120)
+    try:
+        return int(probe.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def use_trainer_gpus(placement) -> None:

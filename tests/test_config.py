@@ -117,6 +117,7 @@ def test_gpu_recipe_passes_every_check_the_job_runs_before_engines_start(monkeyp
     from rollout.weight_sync import WORKER_EXTENSION, weight_sync_config
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 8)  # an 8-GPU node
     cfg = _gpu()
     validate_trainer_cfg(cfg.trainer)
     validate_engine_cfg(cfg.engine)
@@ -134,6 +135,23 @@ def test_gpu_recipe_passes_every_check_the_job_runs_before_engines_start(monkeyp
     flags = dict(zip(argv, argv[1:]))
     assert flags["--worker-extension-cls"] == WORKER_EXTENSION
     assert flags["--tensor-parallel-size"] == "2" and "--kv-cache-memory-bytes" not in flags
+
+
+def test_gpu_recipe_on_a_machine_without_gpus_is_refused_before_engines_start(monkeypatch):
+    from rl.train import validate_job_cfg, visible_gpu_count
+    from rollout.engines import EngineError
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    import torch
+
+    if torch.cuda.device_count() == 0:  # this machine: the real count, from a child process
+        assert visible_gpu_count() == 0
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 0)
+    with pytest.raises(EngineError, match="engine=gpu, but this machine has no GPU"):
+        validate_job_cfg(_gpu())
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 4)  # too few for 3 x TP=2 + learner
+    with pytest.raises(EngineError, match="sees 4 GPUs"):
+        validate_job_cfg(_gpu())
 
 
 def test_gpu_recipe_cfg_job_resolves_and_compare_composes_it():

@@ -73,6 +73,7 @@ def test_external_engines_leave_every_gpu_to_the_trainer(monkeypatch):
     from rl.train import job_gpu_placement
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 8)  # an 8-GPU node
     cfg = _gpu_cfg("engine.urls=[http://a:8000]", "trainer.learner.gpus=null")
     p = job_gpu_placement(cfg)
     assert p.engines == () and p.trainer == "0"
@@ -90,5 +91,6 @@ def test_inconsistent_gpu_settings_are_refused_before_anything_starts(monkeypatc
     from rl.train import validate_job_cfg
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 8)  # an 8-GPU node
     with pytest.raises(error, match=match):
         validate_job_cfg(_gpu_cfg(*overrides))
