@@ -62,11 +62,11 @@ from router.launch import start_router
 from router.policies import make_policy, registered_policy_names
 from router.replay import ReplayError, WordText, replay, scrape_engines
 from router.sim.calibrate import measure_step_samples
-from router.sim.cost_model import fit_linear_step_cost
+from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
 from router.sim.simulator import SignalConfig, SimConfig, Simulation
-from router.sim.trace import write_trace
+from router.sim.trace import read_trace, write_trace
 from router.sim.workload import ClassSpec, LengthDist, WorkloadConfig, generate_trace
 
 RECIPES = REPO_ROOT / "recipes"
@@ -323,7 +323,15 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
     parser.add_argument("--seed", type=int, default=0, help="trace generator seed")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
+    parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
+                        help="start no engine: redo only the simulator replay of a finished run folder with the "
+                             "current simulator (its real figures, trace and measured steps are kept)")
     args = parser.parse_args()
+    if args.resimulate is not None:
+        results, base, minutes = resimulate(args.resimulate)
+        report(results, base, args.resimulate, minutes)
+        print(f"results: {args.resimulate}")
+        return
     _check_args(args)
     sweep = _parse_ints(args.sweep, "--sweep")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -374,9 +382,8 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) ->
         info = asyncio.run(_engine_info(urls))
         print(f"engines: {info}; calibrating the step-cost profile ...", file=sys.stderr)
         samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens))
-        cost = fit_linear_step_cost(samples)
-        calibration = {"samples": [dataclasses.asdict(s) for s in samples], "profile": dataclasses.asdict(cost),
-                       "engines": info}
+        calibration = {"samples": [dataclasses.asdict(s) for s in samples],
+                       "profile": dataclasses.asdict(fit_linear_step_cost(samples)), "engines": info}
         (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
         for run in runs:
             asyncio.run(_engines_idle(urls, 300))
@@ -402,20 +409,62 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) ->
             results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
                             "sweep": run.sweep, "real": res.summary, "errors": res.errors, "timeline": res.timeline})
             (out / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results}, indent=1))
+    simulate(results, runs, trace, calibration, len(urls), args.max_num_batched_tokens, int(ecfg.max_num_seqs),
+             args.max_model_len, args.minutes, args.seed)
+    return results, _save(out, results, calibration, {k: str(v) for k, v in vars(args).items()})
+
+
+def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dict, instances: int,
+             max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, minutes: float, seed: int) -> None:
+    """Replay ``trace`` in the simulator for each run, with the profile fitted to the measured
+    steps in ``calibration`` and the engines' KV blocks and block size; sets ``r["sim"]``."""
+    cost = fit_linear_step_cost([StepSample(**s) for s in calibration["samples"]])
+    calibration["profile"] = dataclasses.asdict(cost)
+    info = calibration["engines"]
     sim_cfg = EngineConfig(num_blocks=info["num_blocks"], block_size=info["block_size"],
-                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=int(ecfg.max_num_seqs))
+                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     for r, run in zip(tqdm(results, desc="simulator replay", file=sys.stderr), runs):
-        cfg = SimConfig(instances=len(urls), engine=sim_cfg, cost=cost, mixture=dict(MIXTURE), ceiling=run.ceiling,
+        cfg = SimConfig(instances=instances, engine=sim_cfg, cost=cost, mixture=dict(MIXTURE), ceiling=run.ceiling,
                         signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
-                        context_limit_tokens=args.max_model_len, warmup_frac=0.0,
-                        horizon_s=args.minutes * 60, seed=args.seed)
+                        context_limit_tokens=max_model_len, warmup_frac=0.0, horizon_s=minutes * 60, seed=seed)
         r["sim"] = Simulation(cfg, trace, run.sim_policy()).run().summary
+
+
+def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> str:
+    """Write ``results.json``; returns the baseline label (the sweep's best samples/min)."""
     sweep = [r for r in results if r["sweep"]] or results[:1]
     base = max(sweep, key=lambda r: r["real"]["samples_per_min"])["label"]
     (out / "results.json").write_text(json.dumps(
-        {"calibration": calibration, "baseline": base, "args": {k: str(v) for k, v in vars(args).items()},
-         "runs": results}, indent=1))
-    return results, base
+        {"calibration": calibration, "baseline": base, "args": args, "runs": results}, indent=1))
+    return base
+
+
+def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
+    """Redo the simulator half of a finished benchmark in ``run_dir`` with the current
+    simulator, profile fit and policy settings (its real figures, trace and measured steps
+    are kept), e.g. after a change to the simulator.
+
+    Returns:
+        (results, baseline label, minutes per run).
+
+    Raises:
+        SystemExit: ``run_dir`` is not a finished ``bench.router_real`` run folder.
+    """
+    try:
+        saved = json.loads((run_dir / "results.json").read_text())
+        trace = read_trace(run_dir / "trace.jsonl")
+        args = saved["args"]
+        results, calibration = saved["runs"], saved["calibration"]
+        minutes, seed = float(args["minutes"]), int(args["seed"])
+        max_model_len, batched = int(args["max_model_len"]), int(args["max_num_batched_tokens"])
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--resimulate {run_dir}: not a finished bench.router_real run folder "
+                         f"(results.json with args and runs, trace.jsonl): {e}") from None
+    runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"])) for r in results]
+    ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
+    simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,
+             minutes, seed)
+    return results, _save(run_dir, results, calibration, args), minutes
 
 
 async def _engine_info(urls: list[str]) -> dict:
