@@ -52,3 +52,42 @@ def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     assert p.returncode != 0
     assert message in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
+    """A finished run folder (real figures, trace, measured steps) gets fresh simulator
+    figures and its tables without starting an engine; a folder that is none is refused."""
+    import json
+
+    from router.sim.trace import write_trace
+
+    trace = generate_trace(WorkloadConfig(units=60, pool_mixture=dict(MIXTURE), context_limit_tokens=1984,
+                                          classes=cpu_classes(1984, 0.25), seed=0))
+    write_trace(trace, tmp_path / "trace.jsonl")
+    real = {"samples_per_min": 10.0, "requests_per_min": 40.0, "prefix_hit_rate": 0.5, "prefill_tok_s": 400.0,
+            "decode_tok_s": 40.0, "consumed_mixture": dict.fromkeys(MIXTURE, 1 / 3), "tv_distance": 0.1,
+            "completion_s": {}, "preemptions": 0}
+    runs = [{"label": "vllm-router c=4", "impl": "vllm", "policy": "cache_aware", "ceiling": 4, "sweep": True,
+             "real": real, "errors": [], "timeline": [], "sim": {"samples_per_min": -1.0}},
+            {"label": "misa_t c=8", "impl": "ours", "policy": "misa_t", "ceiling": 8, "sweep": False,
+             "real": real, "errors": [], "timeline": [], "sim": {"samples_per_min": -1.0}}]
+    calibration = {"engines": {"num_blocks": 32, "block_size": 128}, "profile": {}, "samples": [
+        {"prefill_tokens": 0, "decode_seqs": 1, "context_tokens": 80, "step_time_s": 0.035},
+        {"prefill_tokens": 0, "decode_seqs": 16, "context_tokens": 1280, "step_time_s": 0.078},
+        {"prefill_tokens": 1024, "decode_seqs": 0, "context_tokens": 1024, "step_time_s": 1.9},
+        {"prefill_tokens": 256, "decode_seqs": 0, "context_tokens": 1280, "step_time_s": 0.39}]}
+    args = {"minutes": "0.5", "seed": "0", "max_model_len": "2048", "max_num_batched_tokens": "2048"}
+    (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
+    run = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["baseline"] == "vllm-router c=4" and saved["calibration"]["profile"]["c0_s"] > 0
+    assert all(r["sim"]["samples_per_min"] > 0 for r in saved["runs"])
+    assert "Simulator vs real" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "router_real.png").exists()
+
+    bad = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "nope")],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert bad.returncode == 1 and "not a finished bench.router_real run folder" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -62,3 +62,16 @@ def test_kv_blocks_for_a_model_that_does_not_fit_is_an_error():
     with pytest.raises(SimError, match="does not fit"):
         kv_blocks_for(MODELS["step3.7-like"], HARDWARE["H100"], 1, 16)
     assert kv_blocks_for(MODELS["step3.7-like"], HARDWARE["H200"], 8, 16) > 100_000
+
+
+def test_fit_weighs_fast_decode_steps_as_much_as_slow_prefills():
+    """Steps measured on 2 real CPU engines (bench.router_real): 35-78 ms decodes, 0.4-1.9 s
+    prefills. An absolute least-squares fit let the prefills decide and gave c0 = 0, so a
+    1-sequence decode came out at 5 ms against 35 ms measured."""
+    samples = [StepSample(0, 1, 80, 0.0354), StepSample(0, 8, 640, 0.0455), StepSample(0, 16, 1280, 0.0778),
+               StepSample(1024, 0, 1024, 1.937), StepSample(256, 0, 1280, 0.391)]
+    fit = fit_linear_step_cost(samples)
+    assert fit.c0_s > 0.02
+    errors = [abs(fit.step_time_s(s.prefill_tokens, s.decode_seqs, s.context_tokens) / s.step_time_s - 1)
+              for s in samples]
+    assert max(errors) < 0.2
