@@ -4,6 +4,8 @@ Against one fake engine with a fixed latency (``tests/router/fake_engine.py`` in
 process), the same closed-loop load is sent to each target in turn:
 
 - ``direct``: the engine itself;
+- ``tcp-relay (floor)``: ``bench/tcp_relay.py``, a process that forwards bytes without
+  parsing HTTP: what one more process hop costs on this machine, the floor of any router;
 - ``ours/<policy>``: ``python -m router`` with that policy (misa_t and round_robin);
 - ``vllm-router``: the real vLLM Router program (cache_aware).
 
@@ -120,8 +122,15 @@ def main() -> None:
     routers["vllm-router"] = OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
 
     handles = []
+    relay_port = free_port()
+    relay = ManagedProcess(
+        "tcp-relay", [sys.executable, "-m", "bench.tcp_relay", "--port", str(relay_port), "--target",
+                      f"127.0.0.1:{port}"], log_dir / "relay.log", health_url=f"http://127.0.0.1:{relay_port}/health",
+        cwd=REPO_ROOT,
+    ).start()
     try:
-        urls = {"direct": engine_url}
+        relay.wait_healthy(30, poll_s=0.2)
+        urls = {"direct": engine_url, "tcp-relay (floor)": f"http://127.0.0.1:{relay_port}"}
         for name, cfg in routers.items():
             handles.append(start_router(cfg, [engine_url], [], None, log_dir / name.replace("/", "-")))
             urls[name] = handles[-1].url
@@ -133,6 +142,7 @@ def main() -> None:
     finally:
         for handle in handles:
             handle.stop()
+        relay.stop()
         engine.stop()
     report({name: (Phase(serial[name], loaded[name])) for name in urls}, args)
 
