@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import aiohttp
 import msgspec
 from aiohttp import web
+from yarl import URL
 
 from router.metrics import RouterMetrics
 from router.policies.base import (
@@ -270,6 +271,7 @@ class RouterService:
         self._tasks: list[asyncio.Task] = []
         self._pool = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="tokenize")
         self._client: aiohttp.ClientSession | None = None
+        self._upstream_urls: dict[tuple[str, str], URL] = {}
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
 
@@ -308,6 +310,7 @@ class RouterService:
     async def _on_startup(self, app: web.Application) -> None:
         self._client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and skips the jar per request)
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=self.config.connect_timeout_s, sock_read=self.config.request_timeout_s
             ),
@@ -585,7 +588,7 @@ class RouterService:
         outcome = "error"
         try:
             try:
-                async with self._client.post(instance + path, data=raw, headers=headers) as upstream:
+                async with self._client.post(self._upstream_url(instance, path), data=raw, headers=headers) as upstream:
                     if upstream.status in _RETRYABLE_STATUS:
                         raise _EngineFailed(f"HTTP {upstream.status}")
                     if streaming and upstream.status == 200:
@@ -617,6 +620,13 @@ class RouterService:
                 )
             )
             self._wake_held(self.config.wake_per_finish)
+
+    def _upstream_url(self, instance: str, path: str) -> URL:
+        """``instance + path`` parsed once (yarl parsing is per-request work otherwise)."""
+        url = self._upstream_urls.get((instance, path))
+        if url is None:
+            url = self._upstream_urls[(instance, path)] = URL(instance + path)
+        return url
 
     def _engine_failed(self, instance: str, request: Request, why: str) -> None:
         self.metrics.engine_failures.labels(instance).inc()
@@ -816,13 +826,22 @@ def _usage_fields(usage: Any) -> dict:
     return out
 
 
+class _Answer(msgspec.Struct):
+    """The one field of an OpenAI answer the router reads; msgspec skips the rest without
+    building it (an agent turn's answer carries token ids and logprobs, megabytes at 128K)."""
+
+    usage: Any = None
+
+
+_ANSWER_DECODER = msgspec.json.Decoder(_Answer)
+
+
 def _usage_of_json(payload: bytes) -> dict:
     """``usage`` of a non-streamed OpenAI answer ({} when absent or unparsable)."""
     try:
-        doc = msgspec.json.decode(payload)
-    except msgspec.DecodeError:
+        return _usage_fields(_ANSWER_DECODER.decode(payload).usage)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return {}
-    return _usage_fields(doc.get("usage")) if isinstance(doc, dict) else {}
 
 
 def _usage_of_sse_tail(tail: bytes) -> dict:

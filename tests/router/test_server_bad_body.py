@@ -121,3 +121,22 @@ async def test_deep_but_legal_nesting_is_forwarded_like_any_body():
     """Depth below the decoder's limit is the engine's business: the router decides and forwards."""
     status, _, policy = await _post("/v1/completions", _nested(200))
     assert policy.decisions >= 1 and status in (502, 503)  # no engine answers at the discard ports
+
+
+@pytest.mark.parametrize(("payload", "usage"), [
+    (b'{"choices": [{"text": "hi", "logprobs": {"tokens": ["hi"]}}], "usage": {"prompt_tokens": 5, '
+     b'"completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}}',
+     {"prompt_tokens": 5, "completion_tokens": 2, "cached_tokens": 4}),
+    (b'{"choices": []}', {}),
+    (b'{"usage": null}', {}),
+    (b'{"usage": {"prompt_tokens": "5"}}', {}),
+    (b'[1, 2]', {}),
+    (b'{"usage": ', {}),
+    (b'\xff', {}),
+])
+def test_answer_usage_is_read_without_building_the_rest(payload, usage):
+    """The router reads only ``usage`` of an engine's answer; an answer without a usable one
+    (or no JSON object at all) gives no usage, never an error."""
+    from router.server import _usage_of_json
+
+    assert _usage_of_json(payload) == usage
