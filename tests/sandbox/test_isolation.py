@@ -57,9 +57,19 @@ async def test_wall_clock_timeout_kills_process_tree(workspace):
                                  limits=Limits(timeout_s=0.5))
     assert result.timed_out
     assert result.exit_code != 0
-    leftovers = [p for p in psutil.process_iter(["cmdline"])
-                 if p.info["cmdline"] and p.info["cmdline"][:2] == ["sleep", "300"]]
-    assert leftovers == []
+
+    def leftovers() -> list:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] and p.info["cmdline"][:2] == ["sleep", "300"]]
+
+    # The kernel kills the sandbox's PID namespace once its PID 1 dies (SIGKILL through
+    # --die-with-parent), asynchronously: on a loaded machine a child can still be listed
+    # for a moment after run() returns (seen once in CI). Allow it a few seconds.
+    for _ in range(50):
+        if not leftovers():
+            break
+        await asyncio.sleep(0.1)
+    assert leftovers() == []
 
 
 async def test_destroy_kills_running_commands_and_removes_folder(snapshot, tmp_path):
