@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from rollout.process import ManagedProcess, free_port
 
-from router.policies.base import RouterConfigError
+from router.policies.base import RouterConfigError, UnknownOptionError
 from router.urls import engine_urls_problem, normalize_engine_urls
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +140,11 @@ def check_router_cfg(router_cfg: Mapping[str, Any]) -> None:
         router_cfg = OmegaConf.to_container(router_cfg, resolve=True)
     impl = router_cfg.get("impl", "ours")
     if impl == "vllm":
+        if router_cfg.get("params"):
+            keys = ", ".join(str(k) for k in router_cfg if k not in ("impl", "policy", "params"))
+            raise UnknownOptionError(
+                f"router.params={router_cfg['params']!r}: router=vllm takes no policy options; its settings "
+                f"are the keys under 'router': {keys}")
         _vllm_router_binary()
     elif impl == "ours":
         make_policy(router_cfg.get("policy", "misa_t"), router_cfg.get("params") or {})

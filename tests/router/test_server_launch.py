@@ -114,6 +114,9 @@ def test_check_router_cfg_refuses_what_would_fail_after_engines_started(monkeypa
         check_router_cfg({"impl": "ours", "policy": "misa_t", "params": {"nope": 1}})
     with pytest.raises(RouterConfigError, match="k_quantile must be in"):
         check_router_cfg({"impl": "ours", "policy": "misa_t", "params": {"k_quantile": 0}})
+    with pytest.raises(UnknownOptionError, match="router=vllm takes no policy options"):
+        check_router_cfg({**OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml")),
+                          "params": {"x": 1}})
     with pytest.raises(RouterConfigError, match="router.impl='sglang' is unknown"):
         check_router_cfg({"impl": "sglang"})
     # vllm-router not installed: no program beside the interpreter, none on PATH.
