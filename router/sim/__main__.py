@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
 from rl.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
-from router.policies import build_config
+from router.policies import build_config, canonical_policy_name, registered_policy_names
 from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
 from router.sim.experiments import (
     ClusterSpec,
@@ -94,6 +94,24 @@ VALUE_RULES: dict[str, Rule] = {
 }
 
 
+def _policy_params_by_name(policy_params: dict) -> dict:
+    """``policy_params`` keyed by canonical policy name (``misa-t`` -> ``misa_t``, as the
+    runs look them up).
+
+    Raises:
+        SimUnknownNameError: a key that names no registered policy (its options would be
+            ignored without a word).
+    """
+    out: dict = {}
+    for name, params in policy_params.items():
+        key = canonical_policy_name(name)
+        if key not in registered_policy_names():
+            raise SimUnknownNameError(f"policy_params.{name}: no such policy; valid names: "
+                                      f"{', '.join(registered_policy_names())}")
+        out[key] = {**out.get(key, {}), **(params or {})}
+    return out
+
+
 class Experiment:
     """Builds run specs from the Hydra config and runs them with a progress bar."""
 
@@ -101,6 +119,7 @@ class Experiment:
         self.cfg = cfg
         self.out = out_dir
         raw = OmegaConf.to_container(cfg, resolve=True)
+        raw["policy_params"] = _policy_params_by_name(raw["policy_params"])
         self.raw = raw
         with as_sim_errors():  # unknown keys and ill-typed values of recipes/sim/<name>.yaml
             self.cluster = build_config(ClusterSpec, raw["sim"], f"sim ({cfg.sim.get('name', '?')})")

@@ -33,6 +33,19 @@ def test_unknown_policy_option_names_the_valid_ones(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+def test_policy_params_of_no_such_policy_are_refused_not_ignored(tmp_path):
+    p = run_cli("experiment=run", "run.policy=misa_t", "+policy_params.nope.k_quantile=0.5", tmp_path=tmp_path)
+    assert p.returncode == 2
+    assert "policy_params.nope: no such policy" in p.stderr and "misa_t" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_policy_params_under_a_hyphenated_name_reach_the_policy(tmp_path):
+    """``misa-t`` (the router group's spelling) is the policy misa_t: a bad value is refused."""
+    p = run_cli("experiment=run", "run.policy=misa_t", "+policy_params.misa-t.k_footprint=bogus", tmp_path=tmp_path)
+    assert p.returncode == 1 and "k_footprint" in p.stderr and "bogus" in p.stderr
+
+
 def test_malformed_trace_is_reported_before_the_run(tmp_path):
     trace = tmp_path / "bad.jsonl"
     trace.write_text('{"session_id": "s", "workload_class": "agent", "turn": 0, "prompt_tokens": -1, '
