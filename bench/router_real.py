@@ -211,16 +211,17 @@ def report(results: list[dict], base_label: str, out: Path, minutes: float) -> s
     cols2 = ["router"] + [f"{f} real | sim | err" for f in FIGURES]
     for c in cols2:
         t2.add_column(c, justify="left" if c == "router" else "right")
-    md2 = ["| " + " | ".join(cols2) + " |", "|" + "---|" * len(cols2)]
+    md_cols2 = ["router"] + [f"{f} {part}" for f in FIGURES for part in ("real", "sim", "err")]
+    md2 = ["| " + " | ".join(md_cols2) + " |", "|" + "---|" * len(md_cols2)]
     for r in results:
-        row = [r["label"]]
+        cells = []
         for f in FIGURES:
             real, sim = r["real"][f], r["sim"][f]
             e = _err(sim, real)
             fmt = "{:.1%}" if f == "prefix_hit_rate" else "{:.1f}"
-            row.append(f"{fmt.format(real)} | {fmt.format(sim)} | " + (f"{e:+.0%}" if e is not None else "n/a"))
-        t2.add_row(*row)
-        md2.append("| " + " | ".join(row) + " |")
+            cells.append((fmt.format(real), fmt.format(sim), f"{e:+.0%}" if e is not None else "n/a"))
+        t2.add_row(r["label"], *(" | ".join(c) for c in cells))
+        md2.append("| " + " | ".join([r["label"], *(x for c in cells for x in c)]) + " |")
     console.print(t2)
     text = "\n".join(["## Real engines", "", *md, "", "## Simulator vs real", "", *md2, ""])
     (out / "table.md").write_text(text)
@@ -450,16 +451,20 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
     Raises:
         SystemExit: ``run_dir`` is not a finished ``bench.router_real`` run folder.
     """
+    want = "give the folder of a finished python -m bench.router_real run (results.json, trace.jsonl)"
+    for name in ("results.json", "trace.jsonl"):
+        if not (run_dir / name).is_file():
+            raise SystemExit(f"error: --resimulate {run_dir}: no {name} there; {want}")
     try:
         saved = json.loads((run_dir / "results.json").read_text())
-        trace = read_trace(run_dir / "trace.jsonl")
         args = saved["args"]
         results, calibration = saved["runs"], saved["calibration"]
         minutes, seed = float(args["minutes"]), int(args["seed"])
         max_model_len, batched = int(args["max_model_len"]), int(args["max_num_batched_tokens"])
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"--resimulate {run_dir}: not a finished bench.router_real run folder "
-                         f"(results.json with args and runs, trace.jsonl): {e}") from None
+        trace = read_trace(run_dir / "trace.jsonl")
+    except (ValueError, KeyError, TypeError, SimError) as e:
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise SystemExit(f"error: --resimulate {run_dir}: not a finished run's results ({what}); {want}") from None
     runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"])) for r in results]
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
     simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,
