@@ -11,13 +11,19 @@ KV footprint and residency seconds (admission -> end, tool gaps included).
 The footprint history holds, per ``footprint``:
 - ``time_averaged`` (default): the session's block-seconds divided by its residency,
   Z_s / T_s of MISA-T Eq. 2 (Z_s = ∫ k_s(t) dt). k_s(t) is taken as piecewise linear
-  between the ledger's observations: 0 at admission, the prompt blocks when a request
-  starts, prompt + completion blocks when it finishes (decode grows linearly between the
-  two; during a tool gap the blocks stay resident), constant from the last observation to
-  the end. This is what an admitted session holds on average, so k̄_b T_b approximates
-  the class's block-time demand as Eq. 2 intends.
-- ``final``: the largest observed footprint (its blocks at the end), which overstates the
-  time average 2-3x for sessions that grow (agents) or decode long (RLVR).
+  between the ledger's observations of the session's *largest* footprint so far (a
+  running max: a later, shorter prompt does not lower it): 0 at admission, the prompt
+  blocks when a request starts, prompt + completion blocks when it finishes, and constant
+  from the last observation to the end. Decode growth is thus linear within a request;
+  across a tool gap the line ramps from the turn's end size to the next prompt (which
+  holds the tool output), counting the tool output from the gap's start, a slight
+  overestimate on the conservative side. A session closed by the idle timeout includes
+  the idle wait at its final size, which pulls its average toward that size. This is
+  what an admitted session holds on average, so k̄_b T_b approximates the class's
+  block-time demand as Eq. 2 intends.
+- ``final``: the largest observed footprint (by the running max, its size at the end),
+  which overstates the time average 2-3x for sessions that grow (agents) or decode long
+  (RLVR).
 
 Every operation is O(1) amortised except :meth:`SessionLedger.mark_visible` (O(|P_w|))
 and :meth:`SessionLedger.unbind_instance` (O(|O_w| + |P_w|)). Idle expiry is O(expired):

@@ -132,8 +132,8 @@ class ServiceConfig:
             if getattr(self, name) <= 0:
                 raise RouterConfigError(f"{_SERVICE_OPTIONS.get(name, name)} must be > 0, got {getattr(self, name)!r}")
         if self.max_retries < 0 or self.session_idle_timeout_s < 0:
-            raise RouterConfigError(f"{_SERVICE_OPTIONS['max_retries']} and {_SERVICE_OPTIONS['session_idle_timeout_s']} "
-                                    f"must be >= 0, got {self.max_retries!r} and {self.session_idle_timeout_s!r}")
+            name = "max_retries" if self.max_retries < 0 else "session_idle_timeout_s"
+            raise RouterConfigError(f"{_SERVICE_OPTIONS[name]} must be >= 0, got {getattr(self, name)!r}")
 
 
 @dataclass

@@ -100,8 +100,8 @@ def kv_event_endpoints_problem(endpoints: Any, key: str, num_engines: int) -> st
         return f"{key}={endpoints!r} must be a list of ZMQ endpoints, e.g. {key}={EXAMPLE_KV_ENDPOINTS}"
     endpoints = list(endpoints)
     if endpoints and len(endpoints) != num_engines:
-        return (f"{key} has {len(endpoints)} entries for {num_engines} engines; give one per engine URL, "
-                "in the same order, or none")
+        return (f"{key} has {len(endpoints)} endpoint(s) for {num_engines} engine URL(s); give one per engine "
+                "URL, in the same order, or none")
     for i, endpoint in enumerate(endpoints):
         problem = zmq_endpoint_problem(endpoint)
         if problem is not None:

@@ -15,7 +15,10 @@ Admission rule, per instance w (MISA-T Eq. 6)::
   KV blocks (``InstanceMetrics.num_blocks``; ``fallback_num_blocks`` before any metric or
   when metrics are stale), k_ref = a conservative quantile of a moving window of
   completed-session footprints (``k_footprint``: by default each session's time-averaged
-  blocks, Z_s / T_s of Eq. 2), raised to the mean observed blocks of protected sessions,
+  blocks, Z_s / T_s of Eq. 2), raised to the mean observed blocks of protected sessions
+  (their current sizes, not time averages: when the live sessions are already larger
+  than the completed ones' average, the cap follows them down rather than trusting the
+  history),
   with a prior until ``k_min_samples`` sessions completed.
 - Operating cap ``K_w <= K_base`` contracts under *confirmed* overload pressure (class
   :class:`OverloadControl`, MISA-T Eq. 8): G_w = max(0, h* - h_hat) > ``pressure_gap`` for
@@ -106,16 +109,19 @@ class SessionAdmissionConfig:
     block_size_fallback_tokens: int = 16
     """Tokens per KV block until an instance reports its block size (vLLM's GPU default)."""
     k_prior_tokens: float = 1024.0
-    """k_ref before ``k_min_samples`` sessions completed, in tokens (converted at the
-    engines' block size): longer than a typical single-turn RLVR/RLHF sample, so early
-    caps err low whatever the block size (16 on GPU, 128 on CPU)."""
+    """Floor of k_ref until ``k_min_samples`` sessions completed (k_ref is the larger of
+    the window quantile and this), in tokens (converted at the engines' block size):
+    longer than a typical single-turn RLVR/RLHF sample, so early caps err low whatever
+    the block size (16 on GPU, 128 on CPU)."""
     k_prior_blocks: float | None = None
     """The same prior given in blocks; when set it replaces ``k_prior_tokens``."""
     k_window_sessions: int = 256
     """Moving window of completed sessions (per class for MISA): long enough for a stable
-    p90, short enough to follow length drift within a few hundred sessions."""
+    upper quantile (``k_quantile``), short enough to follow length drift within a few
+    hundred sessions."""
     k_min_samples: int = 16
-    """Completed sessions before the window replaces the prior (p90 of fewer is noise)."""
+    """Completed sessions before the prior stops being a floor (an upper quantile of fewer
+    is noise)."""
     k_quantile: float = 0.75
     """Conservative reference footprint: the p75 of the completed-session footprints, above
     the median (session lengths are long-tailed, MISA-T Table 2). Measured in the

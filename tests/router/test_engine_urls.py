@@ -104,7 +104,7 @@ def test_connectable_kv_event_endpoints_are_accepted(endpoint):
 
 def test_kv_event_endpoints_pair_with_engines_or_are_empty():
     assert kv_event_endpoints_problem([], "k", 2) is None
-    assert "has 1 entries for 2 engines" in kv_event_endpoints_problem(["tcp://a:1"], "k", 2)
+    assert "has 1 endpoint(s) for 2 engine URL(s)" in kv_event_endpoints_problem(["tcp://a:1"], "k", 2)
     assert "must be a list of ZMQ endpoints" in kv_event_endpoints_problem("tcp://a:1", "k", 1)
 
 
