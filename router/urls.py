@@ -49,13 +49,19 @@ def engine_urls_problem(urls: Any, key: str) -> str | None:
             allowed here, callers that need engines say so themselves).
         key: the config key the value came from (``engines.urls``, ``engine.urls``).
     """
-    if isinstance(urls, (str, bytes)) or not hasattr(urls, "__iter__"):
-        return f"{key}={urls!r} must be a list of engine base URLs, e.g. {key}={EXAMPLE_URLS}"
-    for i, url in enumerate(urls):
-        problem = url_problem(url)
+    return _list_problem(urls, key, "engine base URL", url_problem,
+                         f"Give http(s)://host:port for each engine, e.g. {key}={EXAMPLE_URLS}")
+
+
+def _list_problem(values: Any, key: str, what: str, item_problem, hint: str) -> str | None:
+    """``key`` named with the first problem of ``values`` as a list of ``what`` (each item
+    checked by ``item_problem``), followed by ``hint``; None when there is none."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        return f"{key}={values!r} must be a list of {what}s. {hint}"
+    for i, value in enumerate(values):
+        problem = item_problem(value)
         if problem is not None:
-            return (f"{key}[{i}]={url!r} is not an engine base URL: {problem}. "
-                    f"Give http(s)://host:port for each engine, e.g. {key}={EXAMPLE_URLS}")
+            return f"{key}[{i}]={value!r} is not a{'n' if what[0] in 'aeiou' else ''} {what}: {problem}. {hint}"
     return None
 
 
@@ -96,18 +102,12 @@ def kv_event_endpoints_problem(endpoints: Any, key: str, num_engines: int) -> st
         key: the config key it came from (``engines.kv_event_endpoints``, ...).
         num_engines: how many engine URLs were given (the lists pair up by position).
     """
-    if isinstance(endpoints, (str, bytes)) or not hasattr(endpoints, "__iter__"):
-        return f"{key}={endpoints!r} must be a list of ZMQ endpoints, e.g. {key}={EXAMPLE_KV_ENDPOINTS}"
-    endpoints = list(endpoints)
-    if endpoints and len(endpoints) != num_engines:
-        return (f"{key} has {len(endpoints)} endpoint(s) for {num_engines} engine URL(s); give one per engine "
-                "URL, in the same order, or none")
-    for i, endpoint in enumerate(endpoints):
-        problem = zmq_endpoint_problem(endpoint)
-        if problem is not None:
-            return (f"{key}[{i}]={endpoint!r} is not a ZMQ endpoint: {problem}. "
-                    f"e.g. {key}={EXAMPLE_KV_ENDPOINTS}")
-    return None
+    problem = _list_problem(endpoints, key, "ZMQ endpoint", zmq_endpoint_problem,
+                            f"Give one per engine URL, e.g. {key}={EXAMPLE_KV_ENDPOINTS}")
+    if problem is None and endpoints and len(list(endpoints)) != num_engines:
+        problem = (f"{key} has {len(list(endpoints))} endpoint(s) for {num_engines} engine URL(s); give one per "
+                   "engine URL, in the same order, or none")
+    return problem
 
 
 def normalize_engine_urls(urls: Any) -> list[str]:
