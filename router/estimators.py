@@ -1,7 +1,7 @@
 """Online estimators the admission policies share: bounded histories and metric windows.
 
 - :class:`BoundedHistory`: the last ``maxlen`` samples of a quantity (completed-session
-  KV blocks, residency seconds) with a cached quantile and mean; "moving window" in the
+  KV blocks, residency seconds) kept sorted, with O(1) quantile and mean; "moving window" in the
   paper's words (MISA-T section 4.1, 4.2).
 - :class:`MetricWindows`: turns one instance's stream of cumulative Prometheus counters
   (``InstanceMetrics``) into fixed-length windows: prefix hit rate h_hat over the window
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -21,19 +22,37 @@ if TYPE_CHECKING:  # importing router.policies here would be circular (policies 
 
 
 class BoundedHistory:
-    """The last ``maxlen`` float samples; quantiles are cached until the next append."""
+    """The last ``maxlen`` float samples, kept in arrival order and sorted.
 
-    __slots__ = ("_samples", "_sorted")
+    An append costs O(maxlen) memory moves (``bisect.insort`` and the removal of the
+    evicted sample) and no sort; :meth:`quantile` and :meth:`mean` are O(1). The live
+    router appends once per finished session and reads on every decision.
+    """
+
+    __slots__ = ("_samples", "_sorted", "_sum", "_appends")
 
     def __init__(self, maxlen: int) -> None:
         if maxlen < 1:
             raise ValueError(f"history length must be >= 1, got {maxlen}")
         self._samples: deque[float] = deque(maxlen=maxlen)
-        self._sorted: list[float] | None = None
+        self._sorted: list[float] = []
+        self._sum = 0.0
+        self._appends = 0
 
     def append(self, value: float) -> None:
-        self._samples.append(float(value))
-        self._sorted = None
+        value = float(value)
+        samples = self._samples
+        if len(samples) == samples.maxlen:
+            old = samples[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+            self._sum -= old
+        samples.append(value)
+        bisect.insort(self._sorted, value)
+        self._appends += 1
+        if self._appends % (4 * samples.maxlen) == 0:  # type: ignore[operator]
+            self._sum = math.fsum(samples)  # no drift from long runs of += and -=
+        else:
+            self._sum += value
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -42,16 +61,14 @@ class BoundedHistory:
         """The ``q`` quantile (0-1, nearest rank, upper side: conservative). Raises ValueError if empty."""
         if not self._samples:
             raise ValueError("quantile of an empty history")
-        if self._sorted is None:
-            self._sorted = sorted(self._samples)
-        rank = min(len(self._sorted) - 1, max(0, math.ceil(q * len(self._sorted)) - 1))
-        return self._sorted[rank]
+        n = len(self._sorted)
+        return self._sorted[min(n - 1, max(0, math.ceil(q * n) - 1))]
 
     def mean(self) -> float:
         """Arithmetic mean. Raises ValueError if empty."""
         if not self._samples:
             raise ValueError("mean of an empty history")
-        return sum(self._samples) / len(self._samples)
+        return self._sum / len(self._samples)
 
 
 @dataclass(frozen=True)

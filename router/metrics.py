@@ -33,7 +33,7 @@ class RouterMetrics:
         unknown_class: ``router_unknown_workload_class_total``; requests whose
             ``X-Workload-Class`` was missing or not configured (mapped to ``default``).
         requests: ``router_requests_total{instance, outcome=ok|error|client_gone}``.
-        in_flight: ``router_in_flight_requests{instance}``.
+        in_flight: ``router_in_flight_requests{instance}``; set when ``/metrics`` is read.
         engine_failures: ``router_engine_failures_total{instance}``.
         retries: ``router_retries_total``; requests re-decided after an engine failure.
         instance_healthy: ``router_instance_healthy{instance}`` (1/0).
@@ -79,6 +79,17 @@ class RouterMetrics:
             ["instance", "workload_class"], registry=r,
         )
         self.ledger_size = Gauge("router_ledger_size", "Entries per ledger (policy state)", ["ledger"], registry=r)
+        # Children bound once: labels() takes a lock and a dict lookup per call, on every request.
+        self.admit_decisions = self.decisions.labels("admit")
+        self.hold_decisions = self.decisions.labels("hold")
+        self._request_counters: dict[tuple[str, str], Any] = {}
+
+    def count_request(self, instance: str, outcome: str) -> None:
+        """``router_requests_total{instance, outcome}`` += 1."""
+        counter = self._request_counters.get((instance, outcome))
+        if counter is None:
+            counter = self._request_counters[(instance, outcome)] = self.requests.labels(instance, outcome)
+        counter.inc()
 
     def observe_hold_end(self, workload_class: str, held_s: float) -> None:
         """Record a finished hold of ``held_s`` seconds (admitted or dropped)."""

@@ -1,13 +1,13 @@
 """Malformed request bodies get a 400 with an OpenAI-format JSON error, never a 500.
 
-The router runs in aiohttp's test client in front of engine URLs that nobody serves: a
+The router serves on a free local port in front of engine URLs that nobody serves: a
 refused body never reaches an engine, and no engine is needed to show it.
 """
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from router.policies import RoundRobinPolicy
 from router.policies.base import RequestStarted
@@ -39,9 +39,13 @@ async def _post(path: str, content: bytes, model_dir: str | None = None) -> tupl
     service = RouterService(policy, NO_ENGINES, tokenizer=PromptTokenizer(model_dir, block_size=4),
                             config=ServiceConfig(scrape_interval_s=60, max_body_bytes=1 << 20, probe_interval_s=0.05,
                                                  no_engine_timeout_s=0.2, max_retries=1))
-    async with TestClient(TestServer(service.make_app())) as client:
-        r = await client.post(path, data=content, headers={"Content-Type": "application/json"})
-        return r.status, await r.json(), policy
+    url = await service.start()
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.post(url + path, data=content, headers={"Content-Type": "application/json"}) as r:
+                return r.status, await r.json(), policy
+    finally:
+        await service.stop()
 
 
 def _nested(depth: int) -> bytes:
