@@ -1,0 +1,290 @@
+"""The router's HTTP/1.1 client to its engines, against small raw-socket test servers.
+
+Each test server is an ``asyncio`` server whose answer bytes the test writes by hand, so
+framing (Content-Length, chunked, close-delimited), keep-alive, broken connections and
+silence are exactly what the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from router.upstream import HIGH_WATER_BYTES, UpstreamClient, UpstreamError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """(head, body) of one request with a Content-Length body; None at EOF."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
+class RawServer:
+    """A TCP server that runs ``handler(reader, writer, connection_number)`` per connection."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[tuple[bytes, bytes]] = []
+        self._server: asyncio.base_events.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> RawServer:
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                await self.handler(reader, writer, self.connections)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+        self._server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        assert self._server is not None
+        self._server.close()
+
+
+def serve_forever(answer: Callable[[bytes, bytes], bytes], server_box: list) -> Handler:
+    """A keep-alive handler: answers every request on the connection with ``answer(head, body)``."""
+
+    async def handler(reader, writer, n):
+        while (req := await _read_request(reader)) is not None:
+            server_box[0].requests.append(req)
+            writer.write(answer(*req))
+            await writer.drain()
+
+    return handler
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + extra + \
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+async def _server(answer: Callable[[bytes, bytes], bytes]) -> RawServer:
+    box: list = []
+    server = RawServer(serve_forever(answer, box))
+    box.append(server)
+    return server
+
+
+async def test_keep_alive_connection_is_reused_and_headers_are_sent_as_given():
+    async with await _server(lambda head, body: ok(b'{"echo": %d}' % len(body))) as server:
+        client = UpstreamClient(connect_timeout_s=2, read_timeout_s=2)
+        for i in range(3):
+            r = await client.request(server.url, "POST", "/v1/completions",
+                                     [(b"X-Session-Id", b"s1"), (b"Host", b"ignored"), (b"Content-Length", b"999")],
+                                     b'{"n": %d}' % i)
+            assert (r.status, await r.read()) == (200, b'{"echo": 8}')
+            assert ("Content-Type", "application/json") in r.headers
+            r.release()
+        assert server.connections == 1
+        assert client.idle_connections(server.url) == 1
+        head, body = server.requests[0]
+        assert head.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+        assert b"X-Session-Id: s1\r\n" in head and b"Content-Length: 8\r\n" in head
+        assert b"ignored" not in head and b"999" not in head and b"Host: 127.0.0.1:" in head
+        assert body == b'{"n": 0}'
+        client.close()
+
+
+async def test_chunked_answer_is_decoded_and_streamed_chunk_by_chunk():
+    second = asyncio.Event()
+
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await second.wait()  # the client must see the first chunk before the second exists
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 2)
+        r = await client.request(server.url, "POST", "/v1/completions", [], b"{}")
+        assert await r.readany() == b"first"
+        second.set()
+        assert await r.readany() == b"second"
+        assert await r.readany() == b""
+        r.release()
+        assert client.idle_connections(server.url) == 1  # complete and keep-alive: pooled
+
+
+async def test_answer_delimited_by_the_connection_end_is_complete_and_not_pooled():
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 2)
+        r = await client.request(server.url, "GET", "/health", [])
+        assert await r.read() == b"all of it"
+        r.release()
+        assert client.idle_connections(server.url) == 0
+
+
+async def test_connection_close_answer_is_not_pooled():
+    async with await _server(lambda head, body: ok(b"{}", b"Connection: close\r\n")) as server:
+        client = UpstreamClient(2, 2)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        await r.read()
+        r.release()
+        assert client.idle_connections(server.url) == 0
+
+
+async def test_idle_connection_closed_by_the_engine_is_retried_on_a_new_one():
+    async def handler(reader, writer, n):
+        if n == 1:  # answers once, then closes as the next request arrives (keep-alive timeout race)
+            await _read_request(reader)
+            writer.write(ok(b'{"conn": 1}'))
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+            return
+        while await _read_request(reader) is not None:
+            writer.write(ok(b'{"conn": %d}' % n))
+            await writer.drain()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 2)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        assert await r.read() == b'{"conn": 1}'
+        r.release()
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        assert await r.read() == b'{"conn": 2}'
+        r.release()
+        assert server.connections == 2
+
+
+async def test_fresh_connection_closed_before_an_answer_is_an_error_not_a_retry():
+    async def handler(reader, writer, n):
+        await reader.readuntil(b"\r\n\r\n")
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 2)
+        with pytest.raises(UpstreamError, match="closed the connection"):
+            await client.request(server.url, "POST", "/x", [], b"{}")
+        assert server.connections == 1
+
+
+async def test_connection_refused_is_an_upstream_error():
+    client = UpstreamClient(2, 2)
+    with pytest.raises(UpstreamError, match="cannot connect to 127.0.0.1:9"):
+        await client.request("http://127.0.0.1:9", "GET", "/health", [])
+
+
+async def test_silent_engine_times_out_with_the_option_named():
+    async def handler(reader, writer, n):
+        await reader.read()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, read_timeout_s=0.2)
+        with pytest.raises(UpstreamError, match="request_timeout_s"):
+            await client.request(server.url, "POST", "/x", [], b"{}")
+
+
+async def test_silence_in_the_middle_of_a_body_times_out():
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, read_timeout_s=0.2)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        with pytest.raises(UpstreamError, match="sent nothing for 0.2 s"):
+            await r.read()
+        r.release()
+        assert client.idle_connections(server.url) == 0
+
+
+async def test_malformed_answer_and_broken_body_are_upstream_errors():
+    async def garbage(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(garbage) as server:
+        with pytest.raises(UpstreamError, match="malformed"):
+            await UpstreamClient(2, 2).request(server.url, "POST", "/x", [], b"{}")
+
+    async def cut(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        await writer.drain()
+
+    async with RawServer(cut) as server:
+        r = await UpstreamClient(2, 2).request(server.url, "POST", "/x", [], b"{}")
+        with pytest.raises(UpstreamError, match="before the answer was complete"):
+            await r.read()
+
+
+async def test_slow_reader_pauses_the_engine_and_gets_every_byte():
+    payload = bytes(range(256)) * (16 * HIGH_WATER_BYTES // 256)  # 16x the high-water mark
+
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload))
+        for i in range(0, len(payload), 65536):
+            writer.write(payload[i:i + 65536])
+            await writer.drain()
+        await reader.read()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 5)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        got = []
+        while chunk := await r.readany():
+            got.append(chunk)
+            await asyncio.sleep(0.02)  # a slow client
+        assert b"".join(got) == payload
+        # Reading paused above the mark: what waited for the client stayed near it (a
+        # socket read or two past it), not the megabytes the engine had ready.
+        assert max(map(len, got)) <= 3 * HIGH_WATER_BYTES
+        r.release()
+        assert client.idle_connections(server.url) == 1
+
+
+async def test_cancelled_wait_and_unread_answer_close_the_connection():
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        if n == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345")
+            await writer.drain()
+        await reader.read()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 5)
+        task = asyncio.create_task(client.request(server.url, "POST", "/x", [], b"{}"))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        r.release()  # the body was not read to its end
+        assert client.idle_connections(server.url) == 0
+        assert server.connections == 2
+
+
+def test_engine_url_must_be_http():
+    with pytest.raises(ValueError, match="http"):
+        asyncio.run(UpstreamClient(1, 1).request("ftp://x", "GET", "/", []))
