@@ -13,7 +13,12 @@ Every request to ``/v1/completions`` or ``/v1/chat/completions`` goes through on
    reported as ``RequestFinished(ok=False)`` with ``instance=""`` if it was never admitted;
 3. report ``RequestStarted`` / ``RequestFinished`` (with the engine's ``usage``) to the
    policy; after the last request of a session marked ``X-Session-End: 1``,
-   ``SessionEnded``.
+   ``SessionEnded``. ``RequestStarted`` is reported once the request is on its way to the
+   engine and the others once the client has the answer, so that the bookkeeping adds
+   nothing to the request's latency.
+
+Requests go to the engines through :mod:`router.upstream` (pooled keep-alive HTTP/1.1);
+the server is aiohttp's low-level ``web.Server`` with a fixed route table.
 
 An engine that fails a request before any byte reached the client (connection error,
 or HTTP 502/503/504) is marked unhealthy, probed on ``/health`` until it answers, and
