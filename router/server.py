@@ -73,12 +73,13 @@ from router.urls import engine_urls_problem, kv_event_endpoints_problem, normali
 
 log = logging.getLogger(__name__)
 
-# Hop-by-hop headers (RFC 9110 section 7.6.1) and those the client library recomputes.
+# Hop-by-hop headers (RFC 9110 section 7.6.1), those the client library recomputes, and Expect
+# (the router answers 100-continue itself).
 _HOP_HEADERS = frozenset(
     h.lower()
     for h in (
         "Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection",
-        "TE", "Trailer", "Upgrade", "Accept-Encoding",
+        "TE", "Trailer", "Upgrade", "Accept-Encoding", "Expect",
     )
 )
 _HOP_HEADERS_RAW = frozenset(h.encode() for h in _HOP_HEADERS)
@@ -301,6 +302,13 @@ class RouterService:
                     response = error_response(405, f"method {http.method} is not allowed on {http.path}")
                     response.headers["Allow"] = ",".join(sorted(methods))
                     return response
+                expect = http.headers.get("Expect")
+                if expect is not None:  # the client waits for a go-ahead before it sends the body
+                    if expect.lower() != "100-continue":
+                        return error_response(417, f"unsupported Expect: {expect!r}; only 100-continue is")
+                    if http.version >= (1, 1):
+                        await http.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        http.writer.output_size = 0  # the answer proper starts now
                 return await handler(http)
             except ClientError as exc:
                 return error_response(exc.status, str(exc), exc.code)

@@ -1,23 +1,29 @@
 """The router's HTTP/1.1 client to its engines: pooled keep-alive connections, lean.
 
-Every generation request the router forwards costs one upstream exchange. aiohttp's
-client spends about 0.4 ms of CPU per exchange on this project's 2-core CI machine
-(request/response objects, timers, cookie and redirect logic a proxy does not use);
-``bench.router_proxy`` measured it. This client does only what a proxy needs:
+Every generation request the router forwards costs one upstream exchange. With aiohttp's
+client that exchange added about 0.4 ms to each request at concurrency 1 on this
+project's 2-core CI machine (request and response objects, timers, cookie and redirect
+logic a proxy does not use), a third of what the router added in ``bench.router_proxy``.
+This client does only what a proxy needs:
 
-- one ``asyncio.Protocol`` per connection; responses parsed by ``httptools`` (llhttp, the
-  parser of Node.js and uvicorn): status, headers, ``Content-Length`` or chunked bodies,
-  or a body delimited by the connection's end;
+- one ``asyncio.Protocol`` per connection; answers parsed by ``httptools`` (llhttp, the
+  parser of Node.js and uvicorn): status, headers (at most ``MAX_HEAD_BYTES``),
+  ``Content-Length`` or chunked bodies (trailers dropped), or a body delimited by the
+  connection's end;
 - requests written in one ``transport.write`` from the client's raw header pairs
-  (``Host`` and ``Content-Length`` set here), the body as given;
-- idle keep-alive connections kept per engine and reused; a reused connection that the
-  engine closed before answering (its keep-alive timer ran out while the request was
-  on its way) is retried once on a fresh connection, so an idle-timeout race never
-  counts as an engine failure;
+  (``Host`` and ``Content-Length`` set here), the body as given; an engine URL's path is
+  a prefix of every request path and its ``user:password@`` becomes HTTP Basic
+  ``Authorization``;
+- idle keep-alive connections kept per engine and reused. A reused connection that the
+  engine closed (or answered 408) before answering, because its keep-alive timer ran out
+  while the request was on its way, is retried once on a fresh connection, so an
+  idle-timeout race never counts as an engine failure. Bytes the engine sends that no
+  request asked for (on an idle connection, or after a complete answer) close the
+  connection and are never passed to a client;
 - a connect timeout, and a read timeout that bounds each silence while waiting for the
   answer (the same meaning as aiohttp's ``sock_read``);
 - flow control while relaying a stream: reading from the engine pauses while more than
-  ``HIGH_WATER_BYTES`` wait for a slow client.
+  ``HIGH_WATER_BYTES`` wait for a slow client (``readany``); ``read`` takes whole bodies.
 
 Everything that goes wrong raises :class:`UpstreamError` (a ``ConnectionError``), which
 the router treats as an engine failure.
@@ -26,17 +32,23 @@ the router treats as an engine failure.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import ssl as ssl_module
 from typing import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
 HIGH_WATER_BYTES = 256 * 1024
 """Buffered answer bytes above which reading from the engine pauses (streams only)."""
 
+MAX_HEAD_BYTES = 64 * 1024
+"""Status line and headers an engine may send before their end must have arrived (bytes,
+checked per socket read; vLLM sends about 200)."""
+
 _CLIENT_SET_HEADERS = frozenset({b"host", b"content-length"})
+_CLIENT_SET_HEADERS_AUTH = _CLIENT_SET_HEADERS | {b"authorization"}
 
 
 class UpstreamError(ConnectionError):
@@ -46,17 +58,23 @@ class UpstreamError(ConnectionError):
 class _Engine:
     """Where one engine listens and its idle connections."""
 
-    __slots__ = ("host", "port", "ssl", "server_hostname", "host_header", "idle", "max_idle")
+    __slots__ = ("host", "port", "ssl", "server_hostname", "host_header", "prefix", "authorization", "idle",
+                 "max_idle")
 
     def __init__(self, base_url: str, max_idle: int) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"engine URL must be http(s)://host[:port], got {base_url!r}")
+            raise ValueError(f"engine URL must be http(s)://host[:port][/prefix], got {base_url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.ssl = ssl_module.create_default_context() if parts.scheme == "https" else None
         self.server_hostname = self.host if self.ssl else None
         self.host_header = parts.netloc.rsplit("@", 1)[-1].encode("idna")
+        self.prefix = parts.path.rstrip("/").encode()  # http://gateway/engine-a: paths go under /engine-a
+        self.authorization: bytes | None = None  # http://user:password@host: HTTP Basic credentials
+        if parts.username is not None:
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self.authorization = b"Basic " + base64.b64encode(credentials)
         self.idle: list[_Connection] = []
         self.max_idle = max_idle
 
@@ -69,10 +87,18 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
+        self.in_use = False  # a request was written and its answer not released yet
+        self.paused = False
         self._waiter: asyncio.Future | None = None
         self._reset()
 
     def _reset(self) -> None:
+        if self.paused and not self.lost:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self.paused = False
+        self.buffer_all = False  # read(): the caller takes the whole body, no pausing
+        self.unsolicited = False  # the engine sent more than one answer: stop parsing, close
+        self.head_bytes = 0
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
@@ -82,7 +108,6 @@ class _Connection(asyncio.Protocol):
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.error: UpstreamError | None = None
-        self.paused = False
         self.framed = False  # Content-Length or chunked: the end is in the bytes, not the close
 
     # -- asyncio.Protocol
@@ -90,7 +115,18 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if not self.in_use or self.unsolicited:  # bytes nobody asked for: the connection is not to be trusted
+            self.unsolicited = True
+            self.transport.close()  # type: ignore[union-attr]
+            return
         self.got_bytes = True
+        if not self.headers_done:
+            if self.head_bytes > MAX_HEAD_BYTES:  # earlier reads held no end of the headers
+                self._fail(UpstreamError(f"engine sent more than {MAX_HEAD_BYTES} bytes of status line and headers"))
+                self.unsolicited = True
+                self.transport.close()  # type: ignore[union-attr]
+                return
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -108,10 +144,19 @@ class _Connection(asyncio.Protocol):
             self._fail(UpstreamError(f"engine closed the connection before the answer was complete{why}"))
 
     # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer to one request (or bytes after the first): drop the connection
+            self.unsolicited = True
+            self.transport.close()  # type: ignore[union-attr]
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.headers_done or self.unsolicited:  # trailers of a chunked body are not headers
+            return
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.unsolicited:
+            return
         self.status = self.parser.get_status_code()
         if 100 <= self.status < 200:  # an interim answer (we never send Expect): skip it
             self.headers = []
@@ -121,15 +166,17 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.unsolicited:
+            return
         self.chunks.append(body)
         self.buffered += len(body)
-        if self.buffered > HIGH_WATER_BYTES and not self.paused and self.transport is not None:
+        if self.buffered > HIGH_WATER_BYTES and not self.paused and not self.buffer_all and not self.lost:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
 
     def on_message_complete(self) -> None:
-        if 100 <= self.status < 200 and not self.headers_done:
+        if self.unsolicited or (100 <= self.status < 200 and not self.headers_done):
             return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()  # only valid until the parser moves on
@@ -213,6 +260,10 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The whole body (waits for its end). Raises UpstreamError like :meth:`readany`."""
         conn = self._conn
+        conn.buffer_all = True
+        if conn.paused and not conn.lost:
+            conn.paused = False
+            conn.transport.resume_reading()  # type: ignore[union-attr]
         while not conn.complete:
             if conn.error is not None:
                 raise conn.error
@@ -229,7 +280,8 @@ class UpstreamResponse:
         self._released = True
         conn = self._conn
         idle = conn.engine.idle
-        if (conn.complete and not conn.chunks and not conn.lost and conn.keep_alive
+        conn.in_use = False
+        if (conn.complete and not conn.chunks and not conn.lost and not conn.unsolicited and conn.keep_alive
                 and len(idle) < conn.engine.max_idle):
             conn._reset()
             idle.append(conn)
@@ -249,9 +301,9 @@ class PendingRequest:
     async def response(self) -> UpstreamResponse:
         """Wait for the answer's status and headers.
 
-        A reused keep-alive connection that the engine closed before answering (its idle
-        timer ran out as the request went out) gets the request again on a new
-        connection, once.
+        A reused keep-alive connection that the engine closed before answering, or answered
+        with 408 (its idle timer ran out as the request went out), gets the request again
+        on a new connection, once.
 
         Returns:
             The answer; the caller reads its body and calls ``release()``.
@@ -263,16 +315,22 @@ class PendingRequest:
         conn = self._conn
         timeout_s = self._client.read_timeout_s
         try:
-            while not conn.headers_done:
-                if conn.error is not None:
-                    if not (self._reused and not conn.got_bytes):
-                        raise conn.error
-                    conn.transport.close()  # type: ignore[union-attr]
-                    self._reused = False
-                    conn = self._conn = await self._client._connect(conn.engine)
-                    conn.transport.write(self._data)  # type: ignore[union-attr]
+            while True:
+                if conn.headers_done:
+                    if not (self._reused and conn.status == 408):
+                        break
+                elif conn.error is None:
+                    await conn.wait(timeout_s)
                     continue
-                await conn.wait(timeout_s)
+                elif not (self._reused and not conn.got_bytes):
+                    raise conn.error
+                # The engine closed (or timed out with a 408) the idle connection this
+                # request was reusing: send it again, once, on a new connection.
+                conn.transport.close()  # type: ignore[union-attr]
+                self._reused = False
+                conn = self._conn = await self._client._connect(conn.engine)
+                conn.in_use = True
+                conn.transport.write(self._data)  # type: ignore[union-attr]
         except BaseException:  # failed, or cancelled (the client went away): the engine's request is dropped
             conn.transport.close()  # type: ignore[union-attr]
             raise
@@ -321,14 +379,19 @@ class UpstreamClient:
         engine = self._engines.get(base_url)
         if engine is None:
             engine = self._engines[base_url] = _Engine(base_url, self.max_idle_per_engine)
-        head = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (method.encode(), path.encode(), engine.host_header)]
+        head = [b"%s %s%s HTTP/1.1\r\nHost: %s\r\n" % (method.encode(), engine.prefix, path.encode(),
+                                                         engine.host_header)]
+        replaced = _CLIENT_SET_HEADERS if engine.authorization is None else _CLIENT_SET_HEADERS_AUTH
         for name, value in raw_headers:
-            if name.lower() not in _CLIENT_SET_HEADERS:
+            if name.lower() not in replaced:
                 head.append(b"%s: %s\r\n" % (name, value))
+        if engine.authorization is not None:
+            head.append(b"Authorization: %s\r\n" % engine.authorization)
         head.append(b"Content-Length: %d\r\n\r\n" % len(body))
         data = b"".join(head) + body
         reused = bool(engine.idle)
         conn = engine.idle.pop() if reused else await self._connect(engine)
+        conn.in_use = True
         conn.transport.write(data)  # type: ignore[union-attr]
         return PendingRequest(self, conn, data, reused)
 

@@ -418,3 +418,25 @@ async def test_engine_dying_mid_stream_ends_stream_with_error_event(router, engi
     (finished,) = router.policy.of_type(RequestFinished)
     assert not finished.ok and not router.instances[finished.instance].healthy
     assert sum(len(e.received) for e in engines) == 1  # streaming had begun: no retry
+
+
+async def test_expect_100_continue_gets_the_go_ahead_and_is_not_forwarded(router, engines):
+    body = json.dumps({"model": "m", "prompt": "p"}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(router.url.rsplit(":", 1)[1]))
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+                     b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        await writer.drain()
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)  # before any body was sent
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        await writer.drain()
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert final.startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    received = [r for e in engines for r in e.received]
+    assert len(received) == 1 and "Expect" not in received[0].headers
+    async with httpx.AsyncClient(base_url=router.url) as client:
+        r = await client.post("/v1/completions", content=body, headers={"Expect": "gold"})
+    assert r.status_code == 417 and "Expect" in r.json()["error"]["message"]

@@ -288,3 +288,106 @@ async def test_cancelled_wait_and_unread_answer_close_the_connection():
 def test_engine_url_must_be_http():
     with pytest.raises(ValueError, match="http"):
         asyncio.run(UpstreamClient(1, 1).request("ftp://x", "GET", "/", []))
+
+
+async def test_whole_body_far_over_the_high_water_mark_is_read_and_the_connection_reused():
+    big = b"x" * (8 * HIGH_WATER_BYTES)  # a long agent turn with logprobs, non-streamed
+    async with await _server(lambda head, body: ok(big)) as server:
+        client = UpstreamClient(2, read_timeout_s=1)
+        for _ in range(2):  # the second request runs on the pooled connection
+            r = await client.request(server.url, "POST", "/x", [], b"{}")
+            await asyncio.sleep(0.05)  # the whole answer arrives before anyone reads it
+            assert await r.read() == big
+            r.release()
+        assert server.connections == 1 and client.idle_connections(server.url) == 1
+
+
+@pytest.mark.parametrize("when", ["same_packet", "later", "while_idle"])
+async def test_bytes_no_request_asked_for_are_never_served(when):
+    smuggled = ok(b'{"smuggled": 1}')
+
+    async def handler(reader, writer, n):
+        while await _read_request(reader) is not None:
+            answer = ok(b'{"conn": %d}' % n)
+            if n == 1 and when == "same_packet":
+                answer += smuggled
+            writer.write(answer)
+            await writer.drain()
+            if n == 1 and when in ("later", "while_idle"):
+                await asyncio.sleep(0.05 if when == "later" else 0.2)
+                writer.write(smuggled)
+                await writer.drain()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 2)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        assert dict(r.headers)["Content-Length"] == "11"
+        if when == "later":
+            await asyncio.sleep(0.15)
+        assert await r.read() == b'{"conn": 1}'
+        r.release()
+        await asyncio.sleep(0.4)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        assert await r.read() == b'{"conn": 2}'
+        r.release()
+        assert server.connections == 2
+
+
+async def test_url_prefix_and_credentials_reach_the_engine():
+    async with await _server(lambda head, body: ok(b"{}")) as server:
+        base = server.url.replace("http://", "http://ops:s%40cret@") + "/engine-a/"
+        client = UpstreamClient(2, 2)
+        r = await client.request(base, "POST", "/v1/completions", [(b"Authorization", b"Bearer client-token")], b"{}")
+        await r.read()
+        r.release()
+        head = server.requests[0][0]
+        assert head.startswith(b"POST /engine-a/v1/completions HTTP/1.1\r\n")
+        assert b"Authorization: Basic b3BzOnNAY3JldA==\r\n" in head  # ops:s@cret
+        assert b"client-token" not in head and b"ops" not in head.split(b"\r\n")[1]
+
+
+async def test_oversized_engine_headers_are_refused_and_trailers_are_not_headers():
+    async def huge(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        for _ in range(64):
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        await reader.read()
+
+    async with RawServer(huge) as server:
+        with pytest.raises(UpstreamError, match="bytes of status line and headers"):
+            await UpstreamClient(2, 2).request(server.url, "POST", "/x", [], b"{}")
+
+    async def trailers(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+                     b"2\r\nhi\r\n0\r\nX-Checksum: 42\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with RawServer(trailers) as server:
+        client = UpstreamClient(2, 2)
+        r = await client.request(server.url, "POST", "/x", [], b"{}")
+        assert await r.read() == b"hi"
+        assert "X-Checksum" not in dict(r.headers)
+        r.release()
+        assert client.idle_connections(server.url) == 1
+
+
+async def test_408_on_a_reused_connection_is_retried_on_a_new_one():
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        writer.write(ok(b'{"conn": %d}' % n))
+        await writer.drain()
+        if n == 1:  # the idle timer fires as the next request arrives
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+
+    async with RawServer(handler) as server:
+        client = UpstreamClient(2, 2)
+        for expected in (b'{"conn": 1}', b'{"conn": 2}'):
+            r = await client.request(server.url, "POST", "/x", [], b"{}")
+            assert (r.status, await r.read()) == (200, expected)
+            r.release()
