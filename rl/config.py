@@ -143,6 +143,20 @@ def _is_group(key: str) -> bool:
     return (RECIPES_DIR / key).is_dir()
 
 
+def config_groups(config_name: str) -> list[str]:
+    """The config groups ``recipes/<config_name>.yaml`` chooses in its defaults list (in order;
+    Hydra's own ``hydra/...`` groups left out)."""
+    defaults = OmegaConf.load(RECIPES_DIR / f"{config_name}.yaml").get("defaults") or []
+    groups = []
+    for entry in defaults:
+        if isinstance(entry, (dict, DictConfig)):
+            for key in entry:
+                group = str(key).removeprefix("override ").strip().split("@")[0]
+                if not group.startswith("hydra/") and group not in groups:
+                    groups.append(group)
+    return groups
+
+
 def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
@@ -158,7 +172,13 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
 
     try:
         cfg = hydra_compose(config_name=config_name, overrides=list(group_overrides))
-    except Exception:  # the group overrides alone fail: report Hydra's text
+    except Exception:  # the group overrides alone fail: a group this config does not use, or Hydra's text
+        groups = config_groups(config_name)
+        for o in group_overrides:
+            key = o.split("=", 1)[0].lstrip("~")
+            if not o.startswith("+") and key not in groups:
+                return (f"{o}: this command has no '{key}' choice (recipes/{config_name}.yaml chooses "
+                        f"{', '.join(groups) or 'no groups'}).")
         return str(e)
     for o in overrides:
         if o.startswith("+") or "=" not in o:
@@ -185,6 +205,28 @@ def compose_or_exit(config_name: str, argv: Sequence[str]) -> DictConfig:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def print_help(config_name: str, argv: Sequence[str]) -> None:
+    """``--help`` of an entry point: what ``recipes/<config_name>.yaml`` says it is (its first
+    comment line), the config groups it chooses with their options, and the config as
+    composed with the other arguments (``router=round-robin --help`` shows that router's).
+    Unlike Hydra's own help it lists only the groups this command uses. A bad override
+    exits 2 with one ``error:`` line, as without ``--help``."""
+    first = (RECIPES_DIR / f"{config_name}.yaml").read_text().splitlines()[:1]
+    cfg = compose_or_exit(config_name, argv)
+    out = [first[0].lstrip("#").strip() if first and first[0].startswith("#") else config_name, ""]
+    groups = config_groups(config_name)
+    if groups:
+        out.append("Config groups (choose one with group=option):")
+        out += [f"  {g}: {', '.join(group_options(g))}" for g in groups]
+        out.append("")
+    out.append("Config (override any key with key=value; a key that is not there needs +key=value):")
+    out.append("")
+    out.append(OmegaConf.to_yaml(cfg).rstrip())
+    out.append("")
+    out.append("--cfg job [--resolve] prints the composed config; --hydra-help shows Hydra's own flags.")
+    print("\n".join(out))
 
 
 # --------------------------------------------------------------------------- values
@@ -279,7 +321,10 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
         @functools.wraps(fn)
         def main() -> None:
             argv = sys.argv[1:]
-            if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
+            if any(a in ("--help", "-h") for a in argv):
+                print_help(config_name, argv)
+                return
+            if "--hydra-help" not in argv:
                 compose_or_exit(config_name, argv)
             _run()
 

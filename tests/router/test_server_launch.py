@@ -65,6 +65,7 @@ def test_vllm_router_argv_carries_recipe_thresholds():
         ("nosuchkey=1", 2, "Valid keys at the top level: engines, model, router, server"),
         ("engines.bogus=1", 2, "Valid keys under 'engines': block_size"),
         ("router=nope", 2, "Valid options for router: cache-aware, misa, misa-t, round-robin, session-admission, vllm"),
+        ("engine=gpu", 2, "engine=gpu: this command has no 'engine' choice (recipes/router_service.yaml chooses router)"),
         ("router=round-robin +router.params.nope=1", 2, "valid options: no_healthy_recheck_s"),
         ("router=round-robin router.params.nope=1", 2, "added with a leading '+', e.g. +router.params.nope=VALUE. "
                                                        "Valid options of policy 'round_robin': no_healthy_recheck_s"),
@@ -137,3 +138,13 @@ def test_training_job_refuses_a_bad_router_option_before_starting_anything(overr
     assert run.returncode == code, run.stderr
     assert expected in run.stderr and "Traceback" not in run.stderr + run.stdout
     assert "starting" not in run.stdout.lower()
+
+
+def test_help_lists_only_the_groups_the_router_uses_and_the_chosen_config():
+    run = subprocess.run([sys.executable, "-m", "router", "router=round-robin", "--help"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, timeout=60)
+    assert run.returncode == 0, run.stderr
+    groups = run.stdout.split("Config groups")[1].split("Config (")[0]
+    assert "router: cache-aware, misa, misa-t, round-robin, session-admission, vllm" in groups
+    assert "engine:" not in groups and "sim:" not in groups and "trainer:" not in groups
+    assert "policy: round_robin" in run.stdout and "max_body_bytes:" in run.stdout
