@@ -225,6 +225,11 @@ def print_help(config_name: str, argv: Sequence[str]) -> None:
     out.append("")
     out.append(OmegaConf.to_yaml(cfg).rstrip())
     out.append("")
+    for section in _SECTION_HELP:
+        if OmegaConf.select(cfg, section, default=None) is not None:
+            out.append(f"Options under '{section}' are added with a leading '+', e.g. +{section}.NAME=VALUE. "
+                       f"{_section_help(section, cfg)}")
+            out.append("")
     out.append("--cfg job [--resolve] prints the composed config; --hydra-help shows Hydra's own flags.")
     print("\n".join(out))
 

@@ -46,7 +46,8 @@ async def serve(cfg: DictConfig) -> None:
     try:
         url = await service.start(cfg.server.host, port)
     except OSError as exc:
-        raise RouterConfigError(f"cannot serve on {cfg.server.host}:{port} ({exc}); choose another server.port") from None
+        raise RouterConfigError(f"cannot serve on {cfg.server.host}:{port} ({exc}); choose another "
+                                "server.host (an address of this machine) or server.port") from None
     log.info("router (policy %s) serving on %s for %s", service.policy.name, url, ", ".join(service.instances))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

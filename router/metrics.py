@@ -25,7 +25,7 @@ class RouterMetrics:
     Attributes (all prometheus_client objects on ``self.registry``):
         decisions: ``router_decisions_total{outcome=admit|hold}``; one per decide() call.
         holds: ``router_held_requests_total{workload_class}``; requests held at least once.
-        held_now: ``router_held_requests{workload_class}``; requests waiting in HOLD now.
+        held_now: ``router_held_requests_now{workload_class}``; requests waiting in HOLD now.
         hold_time_s: ``router_hold_seconds{workload_class}``; first decide -> admit.
         long_holds: ``router_long_holds_total{workload_class}``; holds longer than
             ``long_hold_s``.
@@ -105,6 +105,7 @@ class RouterMetrics:
         leaves the gauges empty. Values that are not numbers are skipped.
         """
         caps = state.get("caps")
+        self.admission_cap.clear()  # a class whose cap is gone from the state is gone from /metrics too
         if isinstance(caps, Mapping):
             for instance, per_class in caps.items():
                 if isinstance(per_class, Mapping):
@@ -114,6 +115,7 @@ class RouterMetrics:
                 elif isinstance(per_class, (int, float)):
                     self.admission_cap.labels(str(instance), "all").set(per_class)
         sizes = state.get("ledger_sizes")
+        self.ledger_size.clear()
         if isinstance(sizes, Mapping):
             for ledger, size in sizes.items():
                 if isinstance(size, (int, float)):

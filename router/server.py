@@ -239,7 +239,8 @@ class RouterService:
         if block_size:
             self._set_block_size(block_size)
         self.scraper = MetricsScraper(
-            urls, self._on_metrics, self.config.scrape_interval_s, self.config.scrape_timeout_s, clock
+            urls, self._on_metrics, self.config.scrape_interval_s, self.config.scrape_timeout_s, clock,
+            on_unreachable=lambda instance: self._set_health(instance, False),
         )
         self.kv_events = KvEventSubscriber(
             dict(zip(urls, kv_event_endpoints)), self.observe, self.translator, self.config.kv_topic,
@@ -285,6 +286,8 @@ class RouterService:
         allowed: dict[str, list[str]] = {}
         for method, path in routes:
             allowed.setdefault(path, []).append(method)
+        served = ", ".join(f"{'/'.join(sorted(m for m in methods if m != 'HEAD'))} {path}"
+                           for path, methods in allowed.items())
         max_body = self.config.max_body_bytes
         loop = asyncio.get_running_loop()
 
@@ -297,8 +300,7 @@ class RouterService:
                 if handler is None:
                     methods = allowed.get(http.path)
                     if methods is None:
-                        return error_response(404, f"no route {http.path}; this router serves /v1/completions, "
-                                              "/v1/chat/completions, /v1/models, /health, /metrics, /state")
+                        return error_response(404, f"no route {http.path}; this router serves {served}")
                     response = error_response(405, f"method {http.method} is not allowed on {http.path}")
                     response.headers["Allow"] = ",".join(sorted(methods))
                     return response
@@ -476,7 +478,8 @@ class RouterService:
     def _request_from(self, http: web.BaseRequest, body: dict, prompt) -> Request:
         h = http.headers
         request_id = f"req-{next(self._ids)}"
-        session_id = h.get("X-Session-Id") or request_id
+        given_session = (h.get("X-Session-Id") or "").strip()  # an empty header is no session id
+        session_id = given_session or request_id
         cls = h.get("X-Workload-Class")
         if cls not in self._known_classes:
             self.metrics.unknown_class.inc()
@@ -486,10 +489,10 @@ class RouterService:
             request_id=request_id,
             session_id=session_id,
             workload_class=cls,
-            group_id=h.get("X-Group-Id"),
+            group_id=h.get("X-Group-Id") or None,
             unit_id=h.get("X-Rollout-Unit") or session_id,
             # A request without a session id is its own one-turn session.
-            session_end=h.get("X-Session-End", "").strip().lower() in ("1", "true", "yes") or "X-Session-Id" not in h,
+            session_end=h.get("X-Session-End", "").strip().lower() in ("1", "true", "yes") or not given_session,
             prompt_tokens=prompt.prompt_tokens,
             block_hashes=prompt.block_hashes,
             prompt_text=prompt.prompt_text,

@@ -131,6 +131,8 @@ class MetricsScraper:
         interval_s: time between scrape rounds (``signals.scrape_interval_s``).
         timeout_s: per-request timeout; a slow engine's sample is skipped, not awaited.
         clock: the router's clock (seconds).
+        on_unreachable: ``on_unreachable(instance)`` when a scrape cannot connect at all
+            (refused, unknown host): the router marks the engine unhealthy and probes it.
     """
 
     def __init__(
@@ -140,9 +142,11 @@ class MetricsScraper:
         interval_s: float = 0.5,
         timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        on_unreachable: Callable[[str], None] | None = None,
     ) -> None:
         self.instances = list(instances)
         self.on_sample = on_sample
+        self.on_unreachable = on_unreachable
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
@@ -164,7 +168,10 @@ class MetricsScraper:
                 text = await resp.text()
             metrics = parse_engine_metrics(text)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as exc:
-            self._log.warn(instance, "scrape", f"metric scrape failed ({type(exc).__name__}: {exc}); its sample ages")
+            self._log.warn(instance, "scrape", f"metric scrape failed ({type(exc).__name__}: {exc}); routing uses "
+                           "its last sample, if any, more cautiously as it ages")
+            if isinstance(exc, aiohttp.ClientConnectorError) and self.on_unreachable is not None:
+                self.on_unreachable(instance)  # nothing listens there: no request should wait to find out
             return
         self._log.clear(instance, "scrape")
         self.on_sample(instance, metrics, self.clock())

@@ -4,7 +4,8 @@
 
 An engine base URL is ``http(s)://host[:port][/prefix]``: the router appends
 ``/v1/completions``, ``/health`` and ``/metrics`` to it, so it has a scheme and a host,
-a numeric port if any, and no query or fragment. A value such as ``localhost:8000``
+a numeric port if any, no query or fragment, and no trailing ``/v1`` (the OpenAI
+client's base URL has one; the router's engine URL does not). A value such as ``localhost:8000``
 (no scheme) or ``http://`` (no host) is refused before anything starts, with the key
 named and a valid example, instead of failing on the first request or health probe.
 """
@@ -41,6 +42,14 @@ def url_problem(url: Any) -> str | None:
     return None
 
 
+def _engine_url_problem(url: Any) -> str | None:
+    """:func:`url_problem`, and no trailing ``/v1``: the router appends ``/v1/completions``."""
+    problem = url_problem(url)
+    if problem is None and urlsplit(url.strip()).path.rstrip("/").endswith("/v1"):
+        return "it ends in /v1, but the router appends /v1/completions itself (give the URL without /v1)"
+    return problem
+
+
 def engine_urls_problem(urls: Any, key: str) -> str | None:
     """A message naming ``key`` when ``urls`` is not a list of engine base URLs, else None.
 
@@ -49,7 +58,7 @@ def engine_urls_problem(urls: Any, key: str) -> str | None:
             allowed here, callers that need engines say so themselves).
         key: the config key the value came from (``engines.urls``, ``engine.urls``).
     """
-    return _list_problem(urls, key, "engine base URL", url_problem,
+    return _list_problem(urls, key, "engine base URL", _engine_url_problem,
                          f"Give http(s)://host:port for each engine, e.g. {key}={EXAMPLE_URLS}")
 
 

@@ -46,6 +46,12 @@ def test_base_urls_with_scheme_and_host_are_accepted(url):
     assert url_problem(url) is None
 
 
+def test_an_openai_style_base_url_ending_in_v1_is_refused_as_an_engine_url():
+    message = engine_urls_problem(["http://127.0.0.1:8001/v1/"], "engines.urls")
+    assert "ends in /v1, but the router appends /v1/completions itself" in message
+    assert url_problem("http://127.0.0.1:8001/v1") is None  # as a router URL (rl.eval) it is fine
+
+
 def test_a_single_string_instead_of_a_list_is_refused():
     assert "must be a list of engine base URLs" in engine_urls_problem("http://a:1", "engines.urls")
 

@@ -440,3 +440,42 @@ async def test_expect_100_continue_gets_the_go_ahead_and_is_not_forwarded(router
     async with httpx.AsyncClient(base_url=router.url) as client:
         r = await client.post("/v1/completions", content=body, headers={"Expect": "gold"})
     assert r.status_code == 417 and "Expect" in r.json()["error"]["message"]
+
+
+def test_a_cap_gone_from_the_policy_state_is_gone_from_metrics():
+    from router.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    metrics.refresh_from_policy_state({"caps": {"http://e1": {"agent": 3, "rlvr": 2}}, "ledger_sizes": {"open": 5}})
+    metrics.refresh_from_policy_state({"caps": {"http://e1": {"rlvr": 4}}, "ledger_sizes": {"open": 1}})
+    text = metrics.exposition().decode()
+    assert 'router_admission_cap{instance="http://e1",workload_class="rlvr"} 4.0' in text
+    assert 'workload_class="agent"' not in text and 'router_ledger_size{ledger="open"} 1.0' in text
+
+
+async def test_empty_session_id_is_a_one_turn_session_not_one_left_open(router):
+    async with httpx.AsyncClient(base_url=router.url) as client:
+        for _ in range(3):
+            r = await client.post("/v1/completions", json={"model": "m", "prompt": "p"}, headers={"X-Session-Id": ""})
+            assert r.status_code == 200
+    ended = router.policy.of_type(SessionEnded)
+    assert len(ended) == 3 and all(e.session_id.startswith("req-") for e in ended)
+    assert router.state()["open_sessions"] == 0
+
+
+async def test_an_engine_nobody_listens_on_is_unhealthy_before_any_request(engines):
+    dead = "http://127.0.0.1:9"  # discard port: connection refused
+    service = RouterService(RecordingPolicy(), [engines[0].url, dead],
+                            config=ServiceConfig(probe_interval_s=0.05, scrape_interval_s=0.05))
+    await service.start()
+    try:
+        state = {i["instance"]: i["healthy"] for i in service.state()["instances"]}
+        assert state == {engines[0].url: True, dead: False}
+        async with httpx.AsyncClient(base_url=service.url) as client:
+            health = (await client.get("/health")).json()
+            assert health["healthy_instances"] == 1
+            for _ in range(4):
+                assert (await client.post("/v1/completions", json={"model": "m", "prompt": "p"})).status_code == 200
+        assert service.metrics.retries._value.get() == 0  # no request was sent to the dead engine first
+    finally:
+        await service.stop()
