@@ -158,6 +158,20 @@ class InstanceState:
         return InstanceView(self.url, self.healthy, self.in_flight, self.metrics, age)
 
 
+def _client_http_error_as_one_line(record: logging.LogRecord) -> bool:
+    """Log filter for ``aiohttp.server``: a client's malformed HTTP (aiohttp answers it 400)
+    becomes one warning line instead of an error with a traceback; nothing is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, aiohttp.http_exceptions.HttpProcessingError) and exc.code == 400:
+        record.msg, record.args = "client sent malformed HTTP (answered 400): %s", (exc.message,)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_client_http_error_as_one_line)
+
+
 class ClientError(Exception):
     """A bad client request; becomes an OpenAI-format JSON error with ``status``."""
 

@@ -479,3 +479,14 @@ async def test_an_engine_nobody_listens_on_is_unhealthy_before_any_request(engin
         assert service.metrics.retries._value.get() == 0  # no request was sent to the dead engine first
     finally:
         await service.stop()
+
+
+async def test_malformed_http_from_a_client_is_one_warning_line_not_a_traceback(router, caplog):
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(router.url.rsplit(":", 1)[1]))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n")
+    await writer.drain()
+    assert (await reader.read(100)).startswith(b"HTTP/1.0 400")
+    writer.close()
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert [r.levelname for r in records] == ["WARNING"]
+    assert "malformed HTTP (answered 400)" in records[0].getMessage() and records[0].exc_info is None
