@@ -207,6 +207,10 @@ def compose_or_exit(config_name: str, argv: Sequence[str]) -> DictConfig:
         raise SystemExit(2)
 
 
+def _print_stopped(why: str) -> None:
+    print(f"stopped ({why}); every process this command started has been stopped", file=sys.stderr)
+
+
 def print_help(config_name: str, argv: Sequence[str]) -> None:
     """``--help`` of an entry point: what ``recipes/<config_name>.yaml`` says it is (its first
     comment line), the config groups it chooses with their options, and the config as
@@ -309,6 +313,8 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
     The command line is validated first (see module docstring); then ``hydra.main``
     runs ``fn``; user errors raised inside (types registered with
     ``register_user_error``) are printed as ``error: <message>`` with their exit code.
+    Ctrl-C (exit 130) and SIGTERM (143, where the command calls ``stop_on_sigterm``) end
+    with one ``stopped (...)`` line instead of a traceback.
     """
 
     def wrap(fn: Callable[[DictConfig], object]) -> Callable[[], None]:
@@ -331,7 +337,15 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
                 return
             if "--hydra-help" not in argv:
                 compose_or_exit(config_name, argv)
-            _run()
+            try:
+                _run()
+            except KeyboardInterrupt:  # Ctrl-C: the with/finally blocks on the way up stopped the children
+                _print_stopped("Ctrl-C")
+                raise SystemExit(130) from None
+            except SystemExit as e:
+                if e.code == 143:  # SIGTERM, turned into SystemExit(143) by rollout.serve.stop_on_sigterm
+                    _print_stopped("SIGTERM")
+                raise
 
         return main
 

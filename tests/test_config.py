@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -173,3 +175,18 @@ def test_gpu_recipe_without_model_path_names_the_key_and_what_to_pass(tmp_path):
     assert r.returncode == 1
     assert "model.path is required" in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert "engines up" not in r.stdout  # refused before anything starts
+
+
+@pytest.mark.parametrize(("raised", "code", "why"), [("KeyboardInterrupt()", 130, "Ctrl-C"),
+                                                      ("SystemExit(143)", 143, "SIGTERM")])
+def test_ctrl_c_and_sigterm_end_with_one_stopped_line_not_a_traceback(tmp_path, raised, code, why):
+    """An entry point interrupted while running (its with/finally blocks stop its children)."""
+    script = ("import sys\nfrom rl.config import hydra_entry\n"
+              "@hydra_entry('router_service')\n"
+              f"def main(cfg):\n    raise {raised}\n"
+              "sys.argv = ['entry']\nmain()\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                         timeout=60)
+    assert run.returncode == code
+    assert run.stderr == f"stopped ({why}); every process this command started has been stopped\n"
