@@ -71,6 +71,20 @@ def serve_forever(answer: Callable[[bytes, bytes], bytes], server_box: list) -> 
     return handler
 
 
+def answer_once(raw: bytes, close: bool = False) -> Handler:
+    """A handler that reads one request and writes ``raw`` as the answer, then closes the
+    connection (``close``) or waits for the client to."""
+
+    async def handler(reader, writer, n):
+        await _read_request(reader)
+        writer.write(raw)
+        await writer.drain()
+        if not close:
+            await reader.read()
+
+    return handler
+
+
 def ok(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + extra + \
         b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -127,13 +141,8 @@ async def test_chunked_answer_is_decoded_and_streamed_chunk_by_chunk():
 
 
 async def test_answer_delimited_by_the_connection_end_is_complete_and_not_pooled():
-    async def handler(reader, writer, n):
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
-        await writer.drain()
-        writer.close()
-
-    async with RawServer(handler) as server:
+    async with RawServer(answer_once(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it",
+                                     close=True)) as server:
         client = UpstreamClient(2, 2)
         r = await client.request(server.url, "GET", "/health", [])
         assert await r.read() == b"all of it"
@@ -201,13 +210,7 @@ async def test_silent_engine_times_out_with_the_option_named():
 
 
 async def test_silence_in_the_middle_of_a_body_times_out():
-    async def handler(reader, writer, n):
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
-        await writer.drain()
-        await reader.read()
-
-    async with RawServer(handler) as server:
+    async with RawServer(answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")) as server:
         client = UpstreamClient(2, read_timeout_s=0.2)
         r = await client.request(server.url, "POST", "/x", [], b"{}")
         with pytest.raises(UpstreamError, match="sent nothing for 0.2 s"):
@@ -217,21 +220,11 @@ async def test_silence_in_the_middle_of_a_body_times_out():
 
 
 async def test_malformed_answer_and_broken_body_are_upstream_errors():
-    async def garbage(reader, writer, n):
-        await _read_request(reader)
-        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
-    async with RawServer(garbage) as server:
+    async with RawServer(answer_once(b"NOT HTTP AT ALL\r\n\r\n")) as server:
         with pytest.raises(UpstreamError, match="malformed"):
             await UpstreamClient(2, 2).request(server.url, "POST", "/x", [], b"{}")
 
-    async def cut(reader, writer, n):
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
-        await writer.drain()
-
+    cut = answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this", close=True)
     async with RawServer(cut) as server:
         r = await UpstreamClient(2, 2).request(server.url, "POST", "/x", [], b"{}")
         with pytest.raises(UpstreamError, match="before the answer was complete"):
@@ -359,13 +352,8 @@ async def test_oversized_engine_headers_are_refused_and_trailers_are_not_headers
         with pytest.raises(UpstreamError, match="bytes of status line and headers"):
             await UpstreamClient(2, 2).request(server.url, "POST", "/x", [], b"{}")
 
-    async def trailers(reader, writer, n):
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
-                     b"2\r\nhi\r\n0\r\nX-Checksum: 42\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
+    trailers = answer_once(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+                           b"2\r\nhi\r\n0\r\nX-Checksum: 42\r\n\r\n")
     async with RawServer(trailers) as server:
         client = UpstreamClient(2, 2)
         r = await client.request(server.url, "POST", "/x", [], b"{}")
