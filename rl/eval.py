@@ -42,9 +42,9 @@ from rl.evaluation.math_answers import arithmetic_heldout_benchmark, gsm8k_bench
 from rl.evaluation.results import flat_metrics, markdown_table
 from rl.evaluation.runner import EvalSettings, evaluate
 from rl.evaluation.swe import SweBenchmark
-from router.urls import url_problem
 from rl.evaluation.swebench_harness import (GRADERS, GraderChoice, HarnessSettings, choose_grader,
                                             harness_unavailable)
+from router.urls import url_problem
 from sandbox import Limits, SandboxError
 
 register_user_error(EvalError)

@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from pathlib import Path
 
 from omegaconf import DictConfig
 
 from rl.config import hydra_entry
 from router.policies.base import RouterConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 CONFIG_NAME = "router_service"
 
 log = logging.getLogger("router")

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from hydra import compose, initialize_config_dir
 
-from router.__main__ import CONFIG_NAME, RECIPES_DIR
+from rl.config import RECIPES_DIR
+from router.__main__ import CONFIG_NAME
 from router.policies import RoundRobinPolicy
 from router.policies.base import AllBlocksCleared, Hold, RequestFinished, RequestStarted, SessionEnded
 from router.server import RouterService, ServiceConfig, build_service

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from omegaconf import OmegaConf
 
-from router.__main__ import RECIPES_DIR
+from rl.config import RECIPES_DIR
 from router.launch import REPO_ROOT, router_argv, start_router
 from tests.router.fake_engine import running_engines
 
