@@ -84,7 +84,7 @@ _HOP_HEADERS = frozenset(
 )
 _HOP_HEADERS_RAW = frozenset(h.encode() for h in _HOP_HEADERS)
 _RETRYABLE_STATUS = frozenset({502, 503, 504})
-_FAILED_ENGINE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)  # UpstreamError included
+_FAILED_ENGINE_ERRORS = (asyncio.TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
 
 
 @dataclass(frozen=True)
@@ -269,8 +269,7 @@ class RouterService:
         self._probes: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._pool = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="tokenize")
-        self._client: aiohttp.ClientSession | None = None  # /v1/models and health probes
-        self._upstream = UpstreamClient(self.config.connect_timeout_s, self.config.request_timeout_s)  # generation
+        self._upstream = UpstreamClient(self.config.connect_timeout_s, self.config.request_timeout_s)
         self._runner: web.ServerRunner | None = None
         self.url: str | None = None
 
@@ -365,14 +364,6 @@ class RouterService:
             await self._on_cleanup()
 
     async def _on_startup(self) -> None:
-        self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and skips the jar per request)
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=self.config.connect_timeout_s, sock_read=self.config.request_timeout_s
-            ),
-            auto_decompress=False,
-        )
         # One scrape before serving: the block size (and a first sample) is known at once.
         await self.scraper.scrape_once()
         if self.block_size is None:
@@ -389,8 +380,6 @@ class RouterService:
         await asyncio.gather(*self._tasks, *self._probes.values(), return_exceptions=True)
         self._tasks, self._probes = [], {}
         await self.scraper.close()
-        if self._client is not None:
-            await self._client.close()
         self._upstream.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -435,18 +424,15 @@ class RouterService:
             self._probes[instance] = asyncio.create_task(self._probe(instance), name=f"probe {instance}")
 
     async def _probe(self, instance: str) -> None:
-        assert self._client is not None
         try:
             while True:
                 await asyncio.sleep(self.config.probe_interval_s)
                 try:
-                    async with self._client.get(
-                        f"{instance}/health", timeout=aiohttp.ClientTimeout(total=self.config.probe_interval_s * 2)
-                    ) as resp:
-                        if resp.status == 200:
-                            break
+                    status, _, _ = await self._upstream.get(instance, "/health", self.config.probe_interval_s * 2)
                 except _FAILED_ENGINE_ERRORS:
                     continue
+                if status == 200:
+                    break
         finally:
             self._probes.pop(instance, None)
         self._set_health(instance, True)
@@ -749,15 +735,13 @@ class RouterService:
     # ------------------------------------------------------------------ other routes
 
     async def _models(self, http: web.BaseRequest) -> web.Response:
-        assert self._client is not None
         last = "no healthy engine"
         for state in self.instances.values():
             if not state.healthy:
                 continue
             try:
-                async with self._client.get(f"{state.url}/v1/models") as upstream:
-                    return web.Response(body=await upstream.read(), status=upstream.status,
-                                        headers=_reply_headers(upstream.headers.items()))
+                status, headers, body = await self._upstream.get(state.url, "/v1/models")
+                return web.Response(body=body, status=status, headers=_reply_headers(headers))
             except _FAILED_ENGINE_ERRORS as exc:
                 last = f"{state.url}: {type(exc).__name__}: {exc}"
         return error_response(502, f"could not list models: {last}", "engine_failed")

@@ -401,6 +401,28 @@ class UpstreamClient:
         """:meth:`send` and wait for the answer's status and headers (see ``PendingRequest.response``)."""
         return await (await self.send(base_url, method, path, raw_headers, body)).response()
 
+    async def get(
+        self, base_url: str, path: str, timeout_s: float | None = None
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """GET ``path`` from the engine and read the whole answer: (status, headers, body).
+
+        Args:
+            timeout_s: bound on the whole exchange (None: the client's timeouts only).
+
+        Raises:
+            UpstreamError: as :meth:`request` and :meth:`UpstreamResponse.read`.
+            asyncio.TimeoutError: ``timeout_s`` passed.
+        """
+
+        async def exchange() -> tuple[int, list[tuple[str, str]], bytes]:
+            response = await self.request(base_url, "GET", path, [])
+            try:
+                return response.status, response.headers, await response.read()
+            finally:
+                response.release()
+
+        return await (exchange() if timeout_s is None else asyncio.wait_for(exchange(), timeout_s))
+
     async def _connect(self, engine: _Engine) -> _Connection:
         loop = asyncio.get_running_loop()
         try:

@@ -209,6 +209,17 @@ async def test_silent_engine_times_out_with_the_option_named():
             await client.request(server.url, "POST", "/x", [], b"{}")
 
 
+async def test_get_reads_the_whole_answer_and_its_bound_covers_the_whole_exchange():
+    async with await _server(lambda head, body: ok(b'{"status": "ok"}')) as server:
+        client = UpstreamClient(2, 2)
+        status, headers, body = await client.get(server.url, "/health")
+        assert (status, body, dict(headers)["Content-Type"]) == (200, b'{"status": "ok"}', "application/json")
+        assert client.idle_connections(server.url) == 1
+    async with RawServer(answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")) as server:
+        with pytest.raises(asyncio.TimeoutError):
+            await UpstreamClient(2, read_timeout_s=5).get(server.url, "/health", timeout_s=0.2)
+
+
 async def test_silence_in_the_middle_of_a_body_times_out():
     async with RawServer(answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")) as server:
         client = UpstreamClient(2, read_timeout_s=0.2)
