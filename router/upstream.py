@@ -110,6 +110,11 @@ class _Connection(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.framed = False  # Content-Length or chunked: the end is in the bytes, not the close
 
+    def send(self, data: bytes) -> None:
+        """Write one whole request; its answer is this connection's until released."""
+        self.in_use = True
+        self.transport.write(data)  # type: ignore[union-attr]
+
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -329,8 +334,7 @@ class PendingRequest:
                 conn.transport.close()  # type: ignore[union-attr]
                 self._reused = False
                 conn = self._conn = await self._client._connect(conn.engine)
-                conn.in_use = True
-                conn.transport.write(self._data)  # type: ignore[union-attr]
+                conn.send(self._data)
         except BaseException:  # failed, or cancelled (the client went away): the engine's request is dropped
             conn.transport.close()  # type: ignore[union-attr]
             raise
@@ -391,8 +395,7 @@ class UpstreamClient:
         data = b"".join(head) + body
         reused = bool(engine.idle)
         conn = engine.idle.pop() if reused else await self._connect(engine)
-        conn.in_use = True
-        conn.transport.write(data)  # type: ignore[union-attr]
+        conn.send(data)
         return PendingRequest(self, conn, data, reused)
 
     async def request(
