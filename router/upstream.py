@@ -93,9 +93,7 @@ class _Connection(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        if self.paused and not self.lost:
-            self.transport.resume_reading()  # type: ignore[union-attr]
-        self.paused = False
+        self.resume()
         self.buffer_all = False  # read(): the caller takes the whole body, no pausing
         self.unsolicited = False  # the engine sent more than one answer: stop parsing, close
         self.head_bytes = 0
@@ -109,6 +107,19 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         self.error: UpstreamError | None = None
         self.framed = False  # Content-Length or chunked: the end is in the bytes, not the close
+
+    def resume(self) -> None:
+        """Read from the engine again if reading was paused for a slow client."""
+        if self.paused and not self.lost:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self.paused = False
+
+    def take_body(self) -> bytes:
+        """The body bytes buffered so far (emptied)."""
+        data = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
+        self.chunks.clear()
+        self.buffered = 0
+        return data
 
     def send(self, data: bytes) -> None:
         """Write one whole request; its answer is this connection's until released."""
@@ -254,29 +265,20 @@ class UpstreamResponse:
             if conn.error is not None:
                 raise conn.error
             await conn.wait(self._read_timeout_s)
-        data = b"".join(conn.chunks) if len(conn.chunks) > 1 else conn.chunks[0]
-        conn.chunks.clear()
-        conn.buffered = 0
-        if conn.paused and not conn.lost:
-            conn.paused = False
-            conn.transport.resume_reading()  # type: ignore[union-attr]
+        data = conn.take_body()
+        conn.resume()
         return data
 
     async def read(self) -> bytes:
         """The whole body (waits for its end). Raises UpstreamError like :meth:`readany`."""
         conn = self._conn
         conn.buffer_all = True
-        if conn.paused and not conn.lost:
-            conn.paused = False
-            conn.transport.resume_reading()  # type: ignore[union-attr]
+        conn.resume()
         while not conn.complete:
             if conn.error is not None:
                 raise conn.error
             await conn.wait(self._read_timeout_s)
-        data = b"".join(conn.chunks)
-        conn.chunks.clear()
-        conn.buffered = 0
-        return data
+        return conn.take_body()
 
     def release(self) -> None:
         """Give the connection back to the pool if the answer is complete, else close it."""
