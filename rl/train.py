@@ -301,12 +301,14 @@ def validate_job_cfg(cfg: DictConfig):
 
 
 def validate_trainer_cfg(tcfg: DictConfig) -> None:
-    """Build every part of ``trainer`` that needs no running stack, so a bad value is
-    refused before engines start.
+    """Build every part of ``trainer`` that needs no running stack (mixture, loss, learner,
+    limits, weight sync, and each prompt domain with its data), so a bad value is refused
+    before engines start.
 
     Raises:
         ConfigError: the message names the ``trainer.`` section and what is wrong.
     """
+    from rl.data import DataError, make_source
     from rl.grpo import async_limits, loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
@@ -330,6 +332,12 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
+    for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
+        for name, opts in (domains or {}).items():
+            try:
+                make_source(str(name), dict(opts or {}))
+            except DataError as e:
+                raise ConfigError(f"trainer.domains.{b}.{name}: {e}") from None
 
 
 @hydra_entry("train")

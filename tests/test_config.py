@@ -94,6 +94,8 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
     ("trainer.rho.agent=-5", "trainer.rho"),
     ("trainer.loss.eps_low=abc", "wrong type"),
     ("trainer.iterations=0", "trainer.iterations=0"),
+    ("trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl",
+     "trainer.domains.rlvr.gsm8k: GSM8K file /nonexistent/train.jsonl does not exist"),
 ])
 def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, override, expect):
     r = _run(override, f"run_dir={tmp_path}/run")
