@@ -18,7 +18,7 @@ micro-batches whose losses add up to the full-batch loss (gradient accumulation)
 takes one optimizer step; the policy version then rises by one.
 
 Weights for the engines are written by ``save_weights`` as safetensors (the tied
-``lm_head`` left out, as vLLM expects); ``save_checkpoint``/``load_checkpoint`` keep
+``lm_head`` included: vLLM's in-place reload does not re-tie it); ``save_checkpoint``/``load_checkpoint`` keep
 model, optimizer, version and a JSON-able dict from the caller (sampler and mixture
 ledger state) in one folder, replaced atomically.
 """
@@ -311,13 +311,21 @@ class Learner:
     # ------------------------------------------------------------------ weights
 
     def weights_for_sync(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
-        """name -> tensor (contiguous; on CPU, or where the model is when ``to_cpu`` is
-        False, for the NCCL sync) of the weights an engine loads; a tied
-        ``lm_head.weight`` is left out (the engine ties it to the embeddings)."""
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        return {k: (v.detach().cpu() if to_cpu else v.detach()).contiguous()
-                for k, v in self.model.state_dict().items()
-                if not (tied and k == "lm_head.weight")}
+        """name -> tensor of every weight an engine loads, in the checkpoint's names
+        (contiguous; on CPU, or where the model is when ``to_cpu`` is False, for the NCCL
+        sync). A tied ``lm_head.weight`` is included, equal to the embedding: vLLM's
+        ``reload_weights`` does not re-tie the head, so an engine sent no head keeps the
+        one it started with (its log-probs were 1.2 nats off the learner's). On CPU the
+        head is a copy, as safetensors stores no two names for one tensor."""
+        out: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for k, v in self.model.state_dict(keep_vars=False).items():
+            t = (v.detach().cpu() if to_cpu else v.detach()).contiguous()
+            if to_cpu and t.data_ptr() in seen:
+                t = t.clone()
+            seen.add(t.data_ptr())
+            out[k] = t
+        return out
 
     def save_weights(self, folder: str | Path) -> Path:
         """Write ``weights_for_sync()`` as ``folder/model.safetensors`` (atomically:
