@@ -97,7 +97,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     name = stack.served_model_name
     tokenizer = AutoTokenizer.from_pretrained(stack.model_path)
 
-    agent_client = AgentServerClient(agent_url) if agent_url else None
+    agent_client = (AgentServerClient(agent_url, timeout_s=float(tcfg.agent_timeout_s))
+                    if agent_url else None)
     extra = {}
     if agent_client is not None:
         extra["agent"] = {"swe": (AgentTaskSource(await agent_client.tasks()), 1.0)}
@@ -332,6 +333,10 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
+    for key in ("request_timeout_s", "agent_timeout_s"):
+        v = plain.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ConfigError(f"trainer.{key}={v!r}: give a number of seconds > 0")
     for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
         for name, opts in (domains or {}).items():
             try:
