@@ -114,6 +114,34 @@ def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:
                            "trainer.learner", LearnerError)
 
 
+@dataclass(frozen=True)
+class DiskEstimate:
+    """Disk a run needs for its checkpoints and weight sync, bytes.
+
+    Attributes:
+        checkpoint_bytes: one checkpoint: the weights (a tied head stored as a copy) and
+            AdamW's two moments per parameter (``torch`` backend; DeepSpeed keeps fp32
+            master weights too, so more).
+        checkpoints_bytes: ``keep_last`` checkpoints plus the one being written.
+        weight_sync_bytes: the ``http_reload`` folder in shared memory: the new version's
+            weights beside the last one's until the engines loaded them.
+    """
+
+    checkpoint_bytes: int
+    checkpoints_bytes: int
+    weight_sync_bytes: int
+
+
+def disk_estimate(num_params: int, tied_head_params: int, param_bytes: int,
+                  keep_last: int) -> DiskEstimate:
+    """``DiskEstimate`` of a model of ``num_params`` distinct parameters (``tied_head_params``
+    of them an output head tied to the embedding), ``param_bytes`` per parameter (4 for
+    float32), keeping the last ``keep_last`` checkpoints."""
+    weights = (num_params + tied_head_params) * param_bytes
+    ckpt = weights + 2 * num_params * param_bytes  # + AdamW exp_avg and exp_avg_sq
+    return DiskEstimate(ckpt, (keep_last + 1) * ckpt, 2 * weights)
+
+
 def _resolve_device(name: str) -> torch.device:
     """The learner's device, with an index on CUDA (``cuda`` -> ``cuda:0``): DeepSpeed and
     the NCCL weight sync compare devices, and ``cuda`` never equals ``cuda:0``."""
@@ -339,6 +367,15 @@ class Learner:
                                                                  "policy_version": str(self.version)})
         tmp.replace(folder / WEIGHTS_FILE)
         return folder
+
+    def disk_estimate(self, keep_last: int) -> DiskEstimate:
+        """``disk_estimate`` of this learner's model (see there)."""
+        params = list(self.model.parameters())
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        head = self.model.get_output_embeddings() if tied else None
+        return disk_estimate(sum(p.numel() for p in params),
+                             head.weight.numel() if head is not None else 0,
+                             params[0].element_size() if params else 4, keep_last)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -107,6 +107,14 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     rewards = RewardPool(reward_cfg, stack.model_path)
     console.print("loading the learner ...")
     learner = await asyncio.to_thread(Learner, stack.model_path, learner_config(tcfg))
+    keep_last = int(tcfg.checkpoint_keep_last)
+    disk = learner.disk_estimate(keep_last)
+    gb = 1e9
+    console.print(f"disk: about {disk.checkpoints_bytes / gb:.1f} GB in {run_dir} for checkpoints "
+                  f"({disk.checkpoint_bytes / gb:.1f} GB each, trainer.checkpoint_keep_last="
+                  f"{keep_last}, plus the one being written)"
+                  + (f", {disk.weight_sync_bytes / gb:.1f} GB in {tcfg.weight_sync.shm_dir} for the "
+                     "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
     sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
                             device=str(learner.device))
@@ -329,7 +337,7 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
                               f"numbers: check the values under {where}") from None
         except (ValueError, RuntimeError) as e:  # the parts' own error types
             raise ConfigError(f"{where}: {e}") from None
-    for key in ("iterations", "groups_per_step", "sync_every"):
+    for key in ("iterations", "groups_per_step", "sync_every", "checkpoint_keep_last"):
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")

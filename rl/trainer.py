@@ -20,7 +20,7 @@ One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken
    hit rate and prefill/decode tok/s, consumed mixture and its TV distance to rho,
    backlog per class, router caps, reward per class, loss, KL, staleness.
 6. **Checkpoint** every ``checkpoint_every`` steps: model, optimizer, sampler and mixture
-   ledger together; a killed run resumes there (units in flight at the checkpoint are
+   ledger together, the newest ``checkpoint_keep_last`` kept; a killed run resumes there (units in flight at the checkpoint are
    recorded as dropped, never counted twice).
 """
 
@@ -30,6 +30,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -53,6 +54,16 @@ log = logging.getLogger(__name__)
 # reason in an iteration; the rest go into one summary line at the iteration's end, so a
 # dead agent server does not print a line for each of hundreds of units.
 DROP_LOG_LINES_PER_REASON = 3
+
+
+def _checkpoint_version(folder: Path) -> int:
+    """The policy version a checkpoint folder holds (0 when its state file is unreadable)."""
+    from rl.learner import STATE_FILE
+
+    try:
+        return int(json.loads((folder / STATE_FILE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 class TrainerError(RuntimeError):
@@ -161,6 +172,7 @@ class Trainer:
         self.iterations = int(tcfg.iterations)
         self.sync_every = int(tcfg.sync_every)
         self.checkpoint_every = int(tcfg.checkpoint_every)
+        self.checkpoint_keep_last = int(tcfg.get("checkpoint_keep_last", 1))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
@@ -377,10 +389,34 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoint
 
     def save_checkpoint(self) -> Path:
-        """Model, optimizer, sampler, mixture ledger and history in ``run_dir/checkpoint``."""
-        return self.learner.save_checkpoint(self.run_dir / CHECKPOINT_DIR, extra={
+        """Model, optimizer, sampler, mixture ledger and history in
+        ``run_dir/checkpoint-v<version>``; then ``run_dir/checkpoint`` (a link, replaced
+        atomically) names it, and only the newest ``checkpoint_keep_last`` of them are kept:
+        older ones are removed once the new one is complete, so a run killed at any moment
+        still has a whole checkpoint to resume from."""
+        folder = self.run_dir / f"{CHECKPOINT_DIR}-v{self.learner.version}"
+        self.learner.save_checkpoint(folder, extra={
             "sampler": self.sampler.state_dict(), "ledger": self.ledger.state_dict(),
             "history": self.history, "totals": self.totals})
+        latest = self.run_dir / CHECKPOINT_DIR
+        if latest.is_dir() and not latest.is_symlink():  # the single-folder layout of older runs
+            latest.rename(self.run_dir / f"{CHECKPOINT_DIR}-v{_checkpoint_version(latest)}")
+        link = self.run_dir / f".{CHECKPOINT_DIR}.link"
+        link.unlink(missing_ok=True)
+        link.symlink_to(folder.name)
+        os.replace(link, latest)
+        for old in self._checkpoints()[:-self.checkpoint_keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def _checkpoints(self) -> list[Path]:
+        """The ``checkpoint-v<version>`` folders of ``run_dir``, oldest first."""
+        found = []
+        for p in self.run_dir.glob(f"{CHECKPOINT_DIR}-v*"):
+            suffix = p.name.removeprefix(f"{CHECKPOINT_DIR}-v")
+            if suffix.isdigit() and p.is_dir() and not p.is_symlink():
+                found.append((int(suffix), p))
+        return [p for _, p in sorted(found)]
 
     def resume(self) -> bool:
         """Restore the last checkpoint of ``run_dir`` if there is one; True if resumed.

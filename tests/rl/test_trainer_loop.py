@@ -306,3 +306,37 @@ def test_loop_goes_on_when_the_agent_server_never_answers(tmp_path):
     history = asyncio.run(go())
     assert [h["iteration"] for h in history] == [1, 2, 3]
     assert sum(h["dropped_by_reason"].get("agent_timeout", 0) for h in history) > 0
+
+
+@pytest.mark.parametrize("keep_last", [1, 2])
+def test_only_the_last_keep_last_checkpoints_stay_and_resume_reads_the_newest(tmp_path, keep_last):
+    t = trainer(tmp_path, tcfg(iterations=4, checkpoint_keep_last=keep_last))
+    asyncio.run(t.run())  # a checkpoint after each of the 4 steps
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint"))
+    newest = [f"checkpoint-v{v}" for v in range(5 - keep_last, 5)]
+    assert kept == sorted(["checkpoint", *newest])
+    assert (tmp_path / "checkpoint").resolve() == (tmp_path / "checkpoint-v4").resolve()
+    again = trainer(tmp_path, tcfg(iterations=5, checkpoint_keep_last=keep_last))
+    assert again.resume() and again.learner.version == 4
+
+
+def test_a_checkpoint_of_the_old_single_folder_layout_is_kept_as_one_of_the_last(tmp_path):
+    old = tmp_path / "checkpoint"  # a real folder, as runs before checkpoint_keep_last wrote
+    old.mkdir()
+    (old / "state.json").write_text(json.dumps({"version": 0, "extra": {}}))
+    (old / "trainer_state.json").write_text(json.dumps({"version": 0}))
+    t = trainer(tmp_path, tcfg(iterations=1, checkpoint_keep_last=2))
+    asyncio.run(t.run())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint")) == [
+        "checkpoint", "checkpoint-v0", "checkpoint-v1"]
+
+
+def test_disk_estimate_counts_weights_adam_state_keep_last_and_the_sync_folder():
+    from rl.learner import disk_estimate
+
+    # 1,000 fp32 parameters of which 100 are a tied head copied into every file:
+    # weights 1,100 x 4 = 4,400 B; AdamW keeps 2 fp32 moments of the 1,000: 8,000 B
+    est = disk_estimate(num_params=1000, tied_head_params=100, param_bytes=4, keep_last=2)
+    assert est.checkpoint_bytes == 4400 + 8000
+    assert est.checkpoints_bytes == 3 * (4400 + 8000)  # keep_last + the one being written
+    assert est.weight_sync_bytes == 2 * 4400  # the new version's folder beside the last
