@@ -280,10 +280,15 @@ class HttpReloadSync:
         return SyncReport(policy_version, write_s, time.perf_counter() - t0, timings, router_errors)
 
     def close(self) -> None:
-        """Close connections and delete the last weights folder."""
+        """Close connections and delete the last weights folder (and ``shm_dir`` when
+        nothing else is left in it)."""
         self.control.close()
         if self._last_dir is not None:
             shutil.rmtree(self._last_dir, ignore_errors=True)
+        try:
+            Path(self.cfg.shm_dir).rmdir()
+        except OSError:  # absent, or holds another run's folders
+            pass
 
 
 # --------------------------------------------------------------------------- NCCL (GPU)

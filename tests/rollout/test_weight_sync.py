@@ -73,7 +73,7 @@ def test_previous_version_folder_is_deleted_after_next_sync(tmp_path):
     assert not (tmp_path / "shm" / "v1").exists()
     assert (tmp_path / "shm" / "v2" / "model.safetensors").exists()
     s.close()
-    assert not (tmp_path / "shm" / "v2").exists()
+    assert not (tmp_path / "shm").exists()  # nothing left behind in shared memory
 
 
 def test_engine_is_resumed_when_reload_fails(tmp_path):
