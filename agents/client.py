@@ -28,11 +28,17 @@ class AgentServerClient:
 
     Args:
         base_url: the agent server's URL.
-        timeout_s: HTTP timeout of a blocking ``run_episode`` call (a whole episode).
+        timeout_s: HTTP timeout of a blocking ``run_episode`` call (a whole episode);
+            the training job sets it from ``trainer.agent_timeout_s``.
+
+    ``run_episode`` and ``submit`` raise ``AgentClientError`` when the server refused or
+    failed, did not answer within ``timeout_s``, or could not be reached (httpx errors are
+    turned into this type, so a caller catches one type).
     """
 
     def __init__(self, base_url: str, timeout_s: float = 3600.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
         self.http = httpx.AsyncClient(timeout=timeout_s,
                                       limits=httpx.Limits(max_connections=None))
 
@@ -40,7 +46,14 @@ class AgentServerClient:
         await self.http.aclose()
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await self.http.post(self.base_url + path, json=body)
+        try:
+            resp = await self.http.post(self.base_url + path, json=body)
+        except httpx.TimeoutException as e:
+            raise AgentClientError(
+                f"agent server {path}: no answer within {self.timeout_s:g} s "
+                "(trainer.agent_timeout_s)") from e
+        except httpx.HTTPError as e:
+            raise AgentClientError(f"agent server {path}: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
             raise AgentClientError(f"agent server {path}: HTTP {resp.status_code}: {resp.text[:1000]}")
         return resp.json()

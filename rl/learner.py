@@ -18,7 +18,7 @@ micro-batches whose losses add up to the full-batch loss (gradient accumulation)
 takes one optimizer step; the policy version then rises by one.
 
 Weights for the engines are written by ``save_weights`` as safetensors (the tied
-``lm_head`` left out, as vLLM expects); ``save_checkpoint``/``load_checkpoint`` keep
+``lm_head`` included: vLLM's in-place reload does not re-tie it); ``save_checkpoint``/``load_checkpoint`` keep
 model, optimizer, version and a JSON-able dict from the caller (sampler and mixture
 ledger state) in one folder, replaced atomically.
 """
@@ -112,6 +112,34 @@ def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:
         opts["gpus"] = list(opts["gpus"])
     return dataclass_from_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
                            "trainer.learner", LearnerError)
+
+
+@dataclass(frozen=True)
+class DiskEstimate:
+    """Disk a run needs for its checkpoints and weight sync, bytes.
+
+    Attributes:
+        checkpoint_bytes: one checkpoint: the weights (a tied head stored as a copy) and
+            AdamW's two moments per parameter (``torch`` backend; DeepSpeed keeps fp32
+            master weights too, so more).
+        checkpoints_bytes: ``keep_last`` checkpoints plus the one being written.
+        weight_sync_bytes: the ``http_reload`` folder in shared memory: the new version's
+            weights beside the last one's until the engines loaded them.
+    """
+
+    checkpoint_bytes: int
+    checkpoints_bytes: int
+    weight_sync_bytes: int
+
+
+def disk_estimate(num_params: int, tied_head_params: int, param_bytes: int,
+                  keep_last: int) -> DiskEstimate:
+    """``DiskEstimate`` of a model of ``num_params`` distinct parameters (``tied_head_params``
+    of them an output head tied to the embedding), ``param_bytes`` per parameter (4 for
+    float32), keeping the last ``keep_last`` checkpoints."""
+    weights = (num_params + tied_head_params) * param_bytes
+    ckpt = weights + 2 * num_params * param_bytes  # + AdamW exp_avg and exp_avg_sq
+    return DiskEstimate(ckpt, (keep_last + 1) * ckpt, 2 * weights)
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -311,13 +339,21 @@ class Learner:
     # ------------------------------------------------------------------ weights
 
     def weights_for_sync(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
-        """name -> tensor (contiguous; on CPU, or where the model is when ``to_cpu`` is
-        False, for the NCCL sync) of the weights an engine loads; a tied
-        ``lm_head.weight`` is left out (the engine ties it to the embeddings)."""
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        return {k: (v.detach().cpu() if to_cpu else v.detach()).contiguous()
-                for k, v in self.model.state_dict().items()
-                if not (tied and k == "lm_head.weight")}
+        """name -> tensor of every weight an engine loads, in the checkpoint's names
+        (contiguous; on CPU, or where the model is when ``to_cpu`` is False, for the NCCL
+        sync). A tied ``lm_head.weight`` is included, equal to the embedding: vLLM's
+        ``reload_weights`` does not re-tie the head, so an engine sent no head keeps the
+        one it started with (its log-probs were 1.2 nats off the learner's). On CPU the
+        head is a copy, as safetensors stores no two names for one tensor."""
+        out: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for k, v in self.model.state_dict(keep_vars=False).items():
+            t = (v.detach().cpu() if to_cpu else v.detach()).contiguous()
+            if to_cpu and t.data_ptr() in seen:
+                t = t.clone()
+            seen.add(t.data_ptr())
+            out[k] = t
+        return out
 
     def save_weights(self, folder: str | Path) -> Path:
         """Write ``weights_for_sync()`` as ``folder/model.safetensors`` (atomically:
@@ -331,6 +367,15 @@ class Learner:
                                                                  "policy_version": str(self.version)})
         tmp.replace(folder / WEIGHTS_FILE)
         return folder
+
+    def disk_estimate(self, keep_last: int) -> DiskEstimate:
+        """``disk_estimate`` of this learner's model (see there)."""
+        params = list(self.model.parameters())
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        head = self.model.get_output_embeddings() if tied else None
+        return disk_estimate(sum(p.numel() for p in params),
+                             head.weight.numel() if head is not None else 0,
+                             params[0].element_size() if params else 4, keep_last)
 
     # ------------------------------------------------------------------ checkpoints
 

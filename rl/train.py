@@ -97,7 +97,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     name = stack.served_model_name
     tokenizer = AutoTokenizer.from_pretrained(stack.model_path)
 
-    agent_client = AgentServerClient(agent_url) if agent_url else None
+    agent_client = (AgentServerClient(agent_url, timeout_s=float(tcfg.agent_timeout_s))
+                    if agent_url else None)
     extra = {}
     if agent_client is not None:
         extra["agent"] = {"swe": (AgentTaskSource(await agent_client.tasks()), 1.0)}
@@ -106,6 +107,14 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     rewards = RewardPool(reward_cfg, stack.model_path)
     console.print("loading the learner ...")
     learner = await asyncio.to_thread(Learner, stack.model_path, learner_config(tcfg))
+    keep_last = int(tcfg.checkpoint_keep_last)
+    disk = learner.disk_estimate(keep_last)
+    gb = 1e9
+    console.print(f"disk: about {disk.checkpoints_bytes / gb:.1f} GB in {run_dir} for checkpoints "
+                  f"({disk.checkpoint_bytes / gb:.1f} GB each, trainer.checkpoint_keep_last="
+                  f"{keep_last}, plus the one being written)"
+                  + (f", {disk.weight_sync_bytes / gb:.1f} GB in {tcfg.weight_sync.shm_dir} for the "
+                     "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
     sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
                             device=str(learner.device))
@@ -328,10 +337,14 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
                               f"numbers: check the values under {where}") from None
         except (ValueError, RuntimeError) as e:  # the parts' own error types
             raise ConfigError(f"{where}: {e}") from None
-    for key in ("iterations", "groups_per_step", "sync_every"):
+    for key in ("iterations", "groups_per_step", "sync_every", "checkpoint_keep_last"):
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
+    for key in ("request_timeout_s", "agent_timeout_s"):
+        v = plain.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ConfigError(f"trainer.{key}={v!r}: give a number of seconds > 0")
     for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
         for name, opts in (domains or {}).items():
             try:

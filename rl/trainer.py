@@ -8,7 +8,8 @@ One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken
    calls go through the router with the session headers.
 2. **Collect**: finished units gather by group. A group is ready when all its units are
    back. A unit whose policy version is too old (``AsyncLimits.is_fresh``) is dropped and
-   counted; so is a unit whose model call failed.
+   counted; so is a unit whose model call or episode failed (an aborted completion
+   included): never scored, logged with its reason, counted per reason.
 3. **Update**: once ``groups_per_step`` groups are ready, their group-normalised
    advantages feed one learner step (in a worker thread, so generation keeps running:
    generation runs ahead of training, bounded by staleness). The policy version rises.
@@ -19,7 +20,7 @@ One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken
    hit rate and prefill/decode tok/s, consumed mixture and its TV distance to rho,
    backlog per class, router caps, reward per class, loss, KL, staleness.
 6. **Checkpoint** every ``checkpoint_every`` steps: model, optimizer, sampler and mixture
-   ledger together; a killed run resumes there (units in flight at the checkpoint are
+   ledger together, the newest ``checkpoint_keep_last`` kept; a killed run resumes there (units in flight at the checkpoint are
    recorded as dropped, never counted twice).
 """
 
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -45,6 +48,23 @@ from rollout.workers import UnitResult
 
 CHECKPOINT_DIR = "checkpoint"
 
+log = logging.getLogger(__name__)
+
+# One log line per dropped unit, with its reason and error, for the first few of each
+# reason in an iteration; the rest go into one summary line at the iteration's end, so a
+# dead agent server does not print a line for each of hundreds of units.
+DROP_LOG_LINES_PER_REASON = 3
+
+
+def _checkpoint_version(folder: Path) -> int:
+    """The policy version a checkpoint folder holds (0 when its state file is unreadable)."""
+    from rl.learner import STATE_FILE
+
+    try:
+        return int(json.loads((folder / STATE_FILE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
 
 class TrainerError(RuntimeError):
     """The training loop cannot go on; the message says why and what to do."""
@@ -59,7 +79,25 @@ class IterationStats:
     units: list[UnitResult] = field(default_factory=list)
     dropped_stale: int = 0
     dropped_failed: int = 0
+    dropped_by_reason: Counter = field(default_factory=Counter)
     zero_advantage: int = 0
+
+    def record_failed(self, res: UnitResult) -> None:
+        """Count a failed unit under its reason; log it (the first few of each reason)."""
+        reason = res.drop_reason or "failed"
+        self.dropped_failed += 1
+        self.dropped_by_reason[reason] += 1
+        if self.dropped_by_reason[reason] <= DROP_LOG_LINES_PER_REASON:
+            log.warning("dropped unit %s (%s, %s): %s", res.unit.unit_id,
+                        res.unit.workload_class, reason, res.error or "no error text")
+
+    def log_unlogged_drops(self) -> None:
+        """One line for the failed units beyond the first few of each reason."""
+        more = {r: n - DROP_LOG_LINES_PER_REASON for r, n in self.dropped_by_reason.items()
+                if n > DROP_LOG_LINES_PER_REASON}
+        if more:
+            log.warning("dropped %d more unit(s) this iteration: %s", sum(more.values()),
+                        ", ".join(f"{r} {n}" for r, n in sorted(more.items())))
 
 
 @dataclass
@@ -134,6 +172,7 @@ class Trainer:
         self.iterations = int(tcfg.iterations)
         self.sync_every = int(tcfg.sync_every)
         self.checkpoint_every = int(tcfg.checkpoint_every)
+        self.checkpoint_keep_last = int(tcfg.get("checkpoint_keep_last", 1))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
@@ -255,7 +294,7 @@ class Trainer:
             for r in group:
                 if not r.ok:
                     self.ledger.record_dropped(r.unit.unit_id)
-                    it.dropped_failed += 1
+                    it.record_failed(r)
             for r in ok:
                 rewards_by_class[r.unit.workload_class].append(r.reward)
             if len(ok) < 2:
@@ -294,6 +333,7 @@ class Trainer:
                                 before: EngineCounters) -> EngineCounters:
         now = await asyncio.to_thread(EngineCounters.scrape, self.engine_urls)
         iter_s = time.monotonic() - it.started_s
+        it.log_unlogged_drops()
         finished = [r for r in it.units if r.ok]
         self.totals["units"] += len(finished)
         state = await asyncio.to_thread(self._router_state)
@@ -316,6 +356,7 @@ class Trainer:
             "dropped": snap.get("dropped"),
             "dropped_stale": it.dropped_stale,
             "dropped_failed": it.dropped_failed,
+            "dropped_by_reason": dict(it.dropped_by_reason),
             "zero_advantage_units": it.zero_advantage,
             "reward_by_class": upd["reward_by_class"],
             "trained_units": upd["trained_units"],
@@ -348,10 +389,34 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoint
 
     def save_checkpoint(self) -> Path:
-        """Model, optimizer, sampler, mixture ledger and history in ``run_dir/checkpoint``."""
-        return self.learner.save_checkpoint(self.run_dir / CHECKPOINT_DIR, extra={
+        """Model, optimizer, sampler, mixture ledger and history in
+        ``run_dir/checkpoint-v<version>``; then ``run_dir/checkpoint`` (a link, replaced
+        atomically) names it, and only the newest ``checkpoint_keep_last`` of them are kept:
+        older ones are removed once the new one is complete, so a run killed at any moment
+        still has a whole checkpoint to resume from."""
+        folder = self.run_dir / f"{CHECKPOINT_DIR}-v{self.learner.version}"
+        self.learner.save_checkpoint(folder, extra={
             "sampler": self.sampler.state_dict(), "ledger": self.ledger.state_dict(),
             "history": self.history, "totals": self.totals})
+        latest = self.run_dir / CHECKPOINT_DIR
+        if latest.is_dir() and not latest.is_symlink():  # the single-folder layout of older runs
+            latest.rename(self.run_dir / f"{CHECKPOINT_DIR}-v{_checkpoint_version(latest)}")
+        link = self.run_dir / f".{CHECKPOINT_DIR}.link"
+        link.unlink(missing_ok=True)
+        link.symlink_to(folder.name)
+        os.replace(link, latest)
+        for old in self._checkpoints()[:-self.checkpoint_keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def _checkpoints(self) -> list[Path]:
+        """The ``checkpoint-v<version>`` folders of ``run_dir``, oldest first."""
+        found = []
+        for p in self.run_dir.glob(f"{CHECKPOINT_DIR}-v*"):
+            suffix = p.name.removeprefix(f"{CHECKPOINT_DIR}-v")
+            if suffix.isdigit() and p.is_dir() and not p.is_symlink():
+                found.append((int(suffix), p))
+        return [p for _, p in sorted(found)]
 
     def resume(self) -> bool:
         """Restore the last checkpoint of ``run_dir`` if there is one; True if resumed.

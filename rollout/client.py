@@ -26,7 +26,16 @@ import httpx
 
 
 class ClientError(RuntimeError):
-    """A model call failed (HTTP error or malformed answer); the message says which call."""
+    """A model call failed (HTTP error, malformed or aborted answer); the message says
+    which call."""
+
+
+# vLLM answers a request cancelled by ``/pause?mode=abort`` (a weight sync with
+# ``trainer.weight_sync.pause_mode=abort``) with HTTP 200 and this finish reason; the
+# completion is cut wherever the pause found it, so it is no sample of the policy.
+ABORTED = "abort"
+_ABORT_MESSAGE = ("completion aborted by the engine (finish_reason 'abort', as a weight sync "
+                  "with pause_mode=abort does); a truncated answer is never scored")
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,8 @@ class RolloutClient:
         choices = data.get("choices") or []
         if not choices:
             raise ClientError(f"{path} for session {tag.session_id}: answer has no choices")
+        if choices[0].get("finish_reason") == ABORTED:
+            raise ClientError(f"{path} for session {tag.session_id}: {_ABORT_MESSAGE}")
         usage = data.get("usage") or {}
         return Completion(text_of(choices[0]), choices[0].get("finish_reason"),
                           int(usage.get("prompt_tokens") or 0),
@@ -146,7 +157,17 @@ class RolloutClient:
 
 
 class ModelCallError(RuntimeError):
-    """The model endpoint failed after retries; the episode ends with status model_error."""
+    """The model endpoint failed after retries, or aborted the request; the episode ends
+    with status model_error.
+
+    Attributes:
+        reason: a short name for the metrics: ``aborted`` (the engine cancelled the
+            request) or ``model_error`` (HTTP failure or malformed answer).
+    """
+
+    def __init__(self, message: str, reason: str = "model_error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -156,7 +177,7 @@ class TokenCompletion:
     Attributes:
         token_ids: generated token ids (end token included when the model produced it).
         logprobs: log-prob of each generated token; None entries where the engine gave none.
-        finish_reason: ``stop`` or ``length``.
+        finish_reason: ``stop`` or ``length`` (an aborted answer raises instead).
         model_s: wall-clock seconds of the HTTP call (router hold time included).
     """
 
@@ -202,8 +223,9 @@ class ModelClient:
         """One model turn on ``prompt_ids``.
 
         Raises:
-            ModelCallError: the endpoint failed ``retries + 1`` times, answered 4xx, or
-                returned no token ids.
+            ModelCallError: the endpoint failed ``retries + 1`` times, answered 4xx,
+                returned no token ids, or aborted the request (``reason="aborted"``, not
+                retried: the abort is the engine's answer).
         """
         body = {**self.sampling, "model": self.model, "prompt": prompt_ids,
                 "max_tokens": max_tokens, "logprobs": 0, "return_token_ids": True,
@@ -231,6 +253,8 @@ class ModelClient:
             choice = data["choices"][0]
         except (KeyError, IndexError, TypeError):
             raise ModelCallError(f"completion response has no choices: {str(data)[:300]}") from None
+        if choice.get("finish_reason") == ABORTED:
+            raise ModelCallError(f"model call to {self.url}: {_ABORT_MESSAGE}", reason="aborted")
         ids = _token_ids_of(choice)
         if ids is None:
             raise ModelCallError("the engine returned no token ids; it must support vLLM's "

@@ -239,6 +239,17 @@ def validate_engine_cfg(ecfg: DictConfig) -> None:
         ecfg.get("kv_event_endpoints") or [], "engine.kv_event_endpoints", len(ecfg.get("urls") or []))
     if problem is not None:  # before any health check waits startup_timeout_s on it
         raise EngineError(problem)
+    urls, kv = list(ecfg.get("urls") or []), list(ecfg.get("kv_event_endpoints") or [])
+    if urls and not kv and ecfg.kv_events:
+        # Without this the router started and exited on engines.kv_event_endpoints=[null].
+        raise EngineError(
+            f"engine.urls gives {len(urls)} running engine(s) but engine.kv_event_endpoints is "
+            "empty: give one ZMQ endpoint per URL, same order (e.g. engine.kv_event_endpoints="
+            "[tcp://node1:5557,tcp://node2:5557], engines started with --kv-events-config), or "
+            "set engine.kv_events=false to route without KV events (no prefix index)")
+    if kv and not ecfg.kv_events:
+        raise EngineError("engine.kv_event_endpoints is given but engine.kv_events=false: drop "
+                          "the endpoints, or set engine.kv_events=true to use them")
 
 
 def wait_until_healthy(url: str, timeout_s: float) -> None:
@@ -277,8 +288,12 @@ class EnginePool:
         return [h.url for h in self.handles]
 
     @property
-    def kv_events_endpoints(self) -> list[str | None]:
-        return [h.kv_events_endpoint for h in self.handles]
+    def kv_events_endpoints(self) -> list[str]:
+        """The engines' KV-event endpoints, in order, for the router; [] when the engines
+        publish none (``engine.kv_events=false``): the router then runs without KV events
+        (empty prefix index, DESIGN.md: missing signals degrade, never crash)."""
+        kv = [h.kv_events_endpoint for h in self.handles]
+        return [e for e in kv if e is not None] if all(kv) else []
 
     @classmethod
     def start(cls, ecfg: DictConfig, model_path: str, served_name: str, max_model_len: int,

@@ -140,9 +140,18 @@ class _EngineControl:
     def _post(self, url: str, path: str, what: str, **kw) -> httpx.Response:
         try:
             r = self._http.post(f"{url}{path}", **kw)
+        except httpx.TimeoutException:
+            raise WeightSyncError(
+                f"engine {url}: {what} did not answer within weight_sync.request_timeout_s="
+                f"{self.cfg.request_timeout_s:g} s (with pause_mode=wait a pause waits for the "
+                "generations in flight: raise the timeout, or use pause_mode=keep)") from None
         except httpx.HTTPError as e:
-            raise WeightSyncError(f"engine {url}: {what} failed ({type(e).__name__}: {e}); is "
-                                  "the engine running with VLLM_SERVER_DEV_MODE=1?") from None
+            raise WeightSyncError(f"engine {url}: {what} failed ({type(e).__name__}: {e}); "
+                                  "is the engine still running?") from None
+        if r.status_code == 404:
+            raise WeightSyncError(f"engine {url}: {what} answered HTTP 404: the engine has no "
+                                  "such endpoint; start it with VLLM_SERVER_DEV_MODE=1 "
+                                  "(rollout/engines.py does)")
         if r.status_code != 200:
             raise WeightSyncError(f"engine {url}: {what} answered HTTP {r.status_code}: "
                                   f"{r.text[:300]}")
@@ -191,23 +200,35 @@ class _EngineControl:
         return errors
 
     def update_all(self, load: Callable[[str], None]) -> list[EngineSyncTiming]:
-        """pause -> load(url) -> reset -> resume on every engine in parallel; the engine is
-        resumed even when loading fails (the error is raised afterwards)."""
+        """pause -> load(url) -> reset -> resume on every engine in parallel. Once the
+        pause was sent the engine is resumed whatever failed after (a pause that timed out
+        included); the first failure is raised afterwards, naming the step.
+
+        Raises:
+            WeightSyncError: a step failed on an engine (the message says which and why).
+        """
 
         def one(url: str) -> EngineSyncTiming:
             t = EngineSyncTiming(url)
-            t0 = time.perf_counter()
-            self.pause(url)
-            t1 = time.perf_counter()
+            marks = [time.perf_counter()]
             try:
+                # Once /pause is sent the engine may be paused, whether or not the answer
+                # arrives (a timed-out pause still takes effect), so resume is always sent.
+                self.pause(url)
+                marks.append(time.perf_counter())
                 load(url)
-                t2 = time.perf_counter()
+                marks.append(time.perf_counter())
                 self.reset_prefix_cache(url)
-                t3 = time.perf_counter()
-            finally:
-                self.resume(url)
-            t4 = time.perf_counter()
-            t.pause_s, t.load_s, t.reset_s, t.resume_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+                marks.append(time.perf_counter())
+            except BaseException as failed:
+                try:
+                    self.resume(url)
+                except WeightSyncError as e:
+                    raise WeightSyncError(f"{failed}; and the engine may still be paused: {e}") from None
+                raise
+            self.resume(url)
+            marks.append(time.perf_counter())
+            t.pause_s, t.load_s, t.reset_s, t.resume_s = (b - a for a, b in zip(marks, marks[1:]))
             return t
 
         with ThreadPoolExecutor(len(self.engine_urls)) as ex:
@@ -231,21 +252,27 @@ class HttpReloadSync:
 
     def sync(self, write_weights: Callable[[Path], object], policy_version: int) -> SyncReport:
         """Write the weights with ``write_weights(folder)`` (e.g. ``Learner.save_weights``:
-        safetensors, tied lm_head left out) and load them into every engine.
+        safetensors, the tied lm_head included) and load them into every engine.
 
         Raises:
-            WeightSyncError: an engine refused a step (the engines are resumed first).
+            WeightSyncError: an engine refused a step (the engines are resumed first, and
+                this version's folder is removed).
         """
         t0 = time.perf_counter()
         folder = Path(self.cfg.shm_dir) / f"v{policy_version}"
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        write_weights(folder)
-        write_s = time.perf_counter() - t0
-        timings = self.control.update_all(
-            lambda url: self.control.rpc(url, "reload_weights",
-                                         kwargs={"weights_path": str(folder)}))
+        try:
+            write_weights(folder)
+            write_s = time.perf_counter() - t0
+            timings = self.control.update_all(
+                lambda url: self.control.rpc(url, "reload_weights",
+                                             kwargs={"weights_path": str(folder)}))
+        except BaseException:
+            # a failed sync leaves no copy of the weights (~0.5 GB for 135M) in shared memory
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         router_errors = self.control.notify_router()
         if self._last_dir is not None and self._last_dir != folder:
             shutil.rmtree(self._last_dir, ignore_errors=True)
@@ -253,10 +280,15 @@ class HttpReloadSync:
         return SyncReport(policy_version, write_s, time.perf_counter() - t0, timings, router_errors)
 
     def close(self) -> None:
-        """Close connections and delete the last weights folder."""
+        """Close connections and delete the last weights folder (and ``shm_dir`` when
+        nothing else is left in it)."""
         self.control.close()
         if self._last_dir is not None:
             shutil.rmtree(self._last_dir, ignore_errors=True)
+        try:
+            Path(self.cfg.shm_dir).rmdir()
+        except OSError:  # absent, or holds another run's folders
+            pass
 
 
 # --------------------------------------------------------------------------- NCCL (GPU)

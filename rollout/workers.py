@@ -8,7 +8,10 @@
   loss mask, log-probs, reward and per-turn timing.
 
 Both return a ``UnitResult``; neither raises for a failed model call or episode: the
-result says ``ok=False`` with the error, and the trainer counts it.
+result says ``ok=False`` with the error and a short ``drop_reason``, and the trainer drops
+the unit (never scored, never trained on), logs why and counts it per reason. A completion
+the engine aborted (a weight sync with ``pause_mode=abort``) is such a failure: it was cut
+wherever the pause found it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import httpx
 
 from agents.client import AgentClientError, AgentServerClient
 from rollout.client import ModelCallError, ModelClient
@@ -30,6 +35,9 @@ class UnitResult:
     Attributes:
         unit: the unit as released.
         ok: False when the model call or episode failed (``error`` says why).
+        drop_reason: when not ok, a short name of why, for the per-reason counts
+            (``aborted``, ``model_error``, ``prompt_too_long``, ``agent_timeout``,
+            ``agent_server_error``, ``agent_<episode status>``, ``agent_empty_trajectory``).
         reward: scalar reward (0.0 when not ok).
         prompt_ids / completion_ids: the token sequence (completion = everything after
             the first prompt; for agents, observations included).
@@ -56,6 +64,7 @@ class UnitResult:
     tool_s: float = 0.0
     finished_at_s: float = 0.0
     error: str = ""
+    drop_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
 
     def train_sample(self, advantage: float) -> TrainSample:
@@ -98,12 +107,12 @@ class SingleTurnWorker:
         if room < 1:
             return UnitResult(unit, False, error=f"prompt of {len(prompt_ids)} tokens leaves no "
                               f"room under max_model_len={self.max_model_len}",
-                              finished_at_s=time.monotonic())
+                              drop_reason="prompt_too_long", finished_at_s=time.monotonic())
         try:
             c = await self.client.complete(prompt_ids, min(limit, room), self.end_token_id,
                                            unit.session(), session_end=True)
         except ModelCallError as e:
-            return UnitResult(unit, False, error=str(e), num_requests=1,
+            return UnitResult(unit, False, error=str(e), drop_reason=e.reason, num_requests=1,
                               finished_at_s=time.monotonic())
         ids = c.token_ids
         text = self.tok.decode(ids[:-1] if ids and ids[-1] == self.end_token_id else ids)
@@ -139,14 +148,20 @@ class AgentWorker:
                 instance_id=iid, session_id=unit.session_id, group_id=unit.group_id,
                 unit_id=unit.unit_id, policy_version=unit.policy_version,
                 router_url=self.router_url, model=self.model, limits=self.limits)
-        except (AgentClientError, OSError) as e:
-            return UnitResult(unit, False, error=str(e), finished_at_s=time.monotonic())
-        ok = ep["status"] not in ("model_error", "sandbox_error") and bool(ep["response_token_ids"])
+        except (AgentClientError, OSError, httpx.HTTPError) as e:
+            timed_out = isinstance(e, httpx.TimeoutException) or isinstance(
+                e.__cause__, httpx.TimeoutException)
+            return UnitResult(unit, False, error=str(e) or type(e).__name__,
+                              drop_reason="agent_timeout" if timed_out else "agent_server_error",
+                              finished_at_s=time.monotonic())
+        failed = ep["status"] in ("model_error", "sandbox_error")
+        ok = not failed and bool(ep["response_token_ids"])
+        reason = "" if ok else f"agent_{ep['status']}" if failed else "agent_empty_trajectory"
         return UnitResult(
             unit, ok, reward=float(ep["reward"]) if ok else 0.0,
             prompt_ids=ep["prompt_token_ids"], completion_ids=ep["response_token_ids"],
             logprobs=[lp if lp is not None else 0.0 for lp in ep["response_logprobs"]],
             loss_mask=ep["response_mask"], text=ep.get("patch", "")[:2000],
             num_requests=len(ep["turns"]), model_s=ep["model_s"], tool_s=ep["tool_s"],
-            finished_at_s=time.monotonic(), error=ep.get("error", ""),
+            finished_at_s=time.monotonic(), error=ep.get("error", ""), drop_reason=reason,
             info={"status": ep["status"], "instance_id": ep["instance_id"]})

@@ -94,6 +94,7 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
     ("trainer.rho.agent=-5", "trainer.rho"),
     ("trainer.loss.eps_low=abc", "wrong type"),
     ("trainer.iterations=0", "trainer.iterations=0"),
+    ("trainer.agent_timeout_s=0", "trainer.agent_timeout_s=0: give a number of seconds > 0"),
     ("trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl",
      "trainer.domains.rlvr.gsm8k: GSM8K file /nonexistent/train.jsonl does not exist"),
 ])
@@ -192,3 +193,38 @@ def test_ctrl_c_and_sigterm_end_with_one_stopped_line_not_a_traceback(tmp_path, 
                          timeout=60)
     assert run.returncode == code
     assert run.stderr == f"stopped ({why}); every process this command started has been stopped\n"
+
+
+# --------------------------------------------------------------------------- engines elsewhere
+
+
+def test_engine_urls_without_kv_event_endpoints_are_refused_naming_both_keys(tmp_path):
+    # The router used to start, then exit on engines.kv_event_endpoints=[null].
+    r = _run("engine.urls=[http://127.0.0.1:9]", f"run_dir={tmp_path}/run")
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in r.stderr + r.stdout
+    assert "engine.urls" in err[0] and "engine.kv_event_endpoints" in err[0]
+    assert "engine.kv_events=false" in err[0]  # and what to do instead
+    assert "engines up" not in r.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_kv_event_endpoints_with_kv_events_off_are_refused(tmp_path):
+    r = _run("engine.urls=[http://127.0.0.1:9]", "engine.kv_event_endpoints=[tcp://127.0.0.1:5557]",
+             "engine.kv_events=false", f"run_dir={tmp_path}/run")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "engine.kv_events=false" in r.stderr and "engine.kv_event_endpoints" in r.stderr
+
+
+def test_engines_without_kv_events_give_the_router_no_endpoint_list():
+    from rl.train import validate_job_cfg
+    from rollout.engines import EngineHandle, EnginePool
+
+    cfg = compose("train", ["run_dir=runs/test", "engine.urls=[http://127.0.0.1:9]",
+                            "engine.kv_events=false"])
+    validate_job_cfg(cfg)  # passes the pre-start checks
+    # the router is given [] (runs without KV events), never [null]
+    assert EnginePool([EngineHandle(0, "http://127.0.0.1:9", None)]).kv_events_endpoints == []
+    pool = EnginePool([EngineHandle(0, "http://a:1", "tcp://a:2"), EngineHandle(1, "http://b:1", "tcp://b:2")])
+    assert pool.kv_events_endpoints == ["tcp://a:2", "tcp://b:2"]

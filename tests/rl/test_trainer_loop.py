@@ -236,3 +236,107 @@ def test_batch_takes_ready_groups_by_consumption_deficit_not_finish_order(tmp_pa
     batch, rest = t._pick_batch(ready[2:])
     assert {g[0].unit.workload_class for g in batch} == {"rlvr", "rlhf"}
     assert len(rest) == len(ready) - 4
+
+
+def test_failed_units_are_logged_with_their_reason_and_counted_per_reason(tmp_path, caplog):
+    import logging
+
+    from rl.trainer import DROP_LOG_LINES_PER_REASON
+
+    def run_with(reason, error):
+        async def run(unit):
+            return UnitResult(unit, False, error=error, drop_reason=reason, num_requests=1)
+        return run
+
+    good = make_worker()
+    workers = {"agent": run_with("agent_timeout", "agent server: no answer within 0.2 s"),
+               "rlvr": good, "rlhf": run_with("aborted", "completion aborted by the engine")}
+    t = trainer(tmp_path, tcfg(max_in_flight=32), workers=workers)
+    with caplog.at_level(logging.WARNING, logger="rl.trainer"):
+        history = asyncio.run(t.run())
+    by_reason: dict[str, int] = {}
+    for h in history:
+        for reason, n in h["dropped_by_reason"].items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    assert set(by_reason) == {"agent_timeout", "aborted"}
+    assert sum(by_reason.values()) == sum(h["dropped_failed"] for h in history)
+    lines = [r.getMessage() for r in caplog.records]
+    one_each = [m for m in lines if m.startswith("dropped unit")]
+    assert any("agent_timeout" in m and "no answer within 0.2 s" in m for m in one_each)
+    assert any("aborted" in m and "aborted by the engine" in m for m in one_each)
+    assert len(one_each) <= DROP_LOG_LINES_PER_REASON * 2 * len(history)  # rate-limited
+    assert books_balance(t.ledger)
+
+
+def test_drops_beyond_the_first_few_per_reason_go_into_one_summary_line(caplog):
+    import logging
+
+    from rl.trainer import DROP_LOG_LINES_PER_REASON, IterationStats
+
+    unit = sampler().next_group(0)[0]
+    it = IterationStats(0.0)
+    with caplog.at_level(logging.WARNING, logger="rl.trainer"):
+        for _ in range(DROP_LOG_LINES_PER_REASON + 5):
+            it.record_failed(UnitResult(unit, False, error="no answer", drop_reason="agent_timeout"))
+        it.record_failed(UnitResult(unit, False, error="cut", drop_reason="aborted"))
+        it.log_unlogged_drops()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if m.startswith("dropped unit")]) == DROP_LOG_LINES_PER_REASON + 1
+    assert lines[-1] == "dropped 5 more unit(s) this iteration: agent_timeout 5"
+    assert it.dropped_by_reason == {"agent_timeout": DROP_LOG_LINES_PER_REASON + 5, "aborted": 1}
+    assert it.dropped_failed == DROP_LOG_LINES_PER_REASON + 6
+
+
+def test_loop_goes_on_when_the_agent_server_never_answers(tmp_path):
+    from agents.client import AgentServerClient
+    from rollout.workers import AgentWorker
+    from tests.rollout.test_workers import hanging_agent_server
+
+    async def go():
+        async with hanging_agent_server() as url:
+            client = AgentServerClient(url, timeout_s=0.2)
+            try:
+                good = make_worker()
+                agent = AgentWorker(client, "http://router:9000", "m").run
+                t = trainer(tmp_path, tcfg(), workers={"agent": agent, "rlvr": good, "rlhf": good})
+                return await t.run()
+            finally:
+                await client.aclose()
+
+    history = asyncio.run(go())
+    assert [h["iteration"] for h in history] == [1, 2, 3]
+    assert sum(h["dropped_by_reason"].get("agent_timeout", 0) for h in history) > 0
+
+
+@pytest.mark.parametrize("keep_last", [1, 2])
+def test_only_the_last_keep_last_checkpoints_stay_and_resume_reads_the_newest(tmp_path, keep_last):
+    t = trainer(tmp_path, tcfg(iterations=4, checkpoint_keep_last=keep_last))
+    asyncio.run(t.run())  # a checkpoint after each of the 4 steps
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint"))
+    newest = [f"checkpoint-v{v}" for v in range(5 - keep_last, 5)]
+    assert kept == sorted(["checkpoint", *newest])
+    assert (tmp_path / "checkpoint").resolve() == (tmp_path / "checkpoint-v4").resolve()
+    again = trainer(tmp_path, tcfg(iterations=5, checkpoint_keep_last=keep_last))
+    assert again.resume() and again.learner.version == 4
+
+
+def test_a_checkpoint_of_the_old_single_folder_layout_is_kept_as_one_of_the_last(tmp_path):
+    old = tmp_path / "checkpoint"  # a real folder, as runs before checkpoint_keep_last wrote
+    old.mkdir()
+    (old / "state.json").write_text(json.dumps({"version": 0, "extra": {}}))
+    (old / "trainer_state.json").write_text(json.dumps({"version": 0}))
+    t = trainer(tmp_path, tcfg(iterations=1, checkpoint_keep_last=2))
+    asyncio.run(t.run())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint")) == [
+        "checkpoint", "checkpoint-v0", "checkpoint-v1"]
+
+
+def test_disk_estimate_counts_weights_adam_state_keep_last_and_the_sync_folder():
+    from rl.learner import disk_estimate
+
+    # 1,000 fp32 parameters of which 100 are a tied head copied into every file:
+    # weights 1,100 x 4 = 4,400 B; AdamW keeps 2 fp32 moments of the 1,000: 8,000 B
+    est = disk_estimate(num_params=1000, tied_head_params=100, param_bytes=4, keep_last=2)
+    assert est.checkpoint_bytes == 4400 + 8000
+    assert est.checkpoints_bytes == 3 * (4400 + 8000)  # keep_last + the one being written
+    assert est.weight_sync_bytes == 2 * 4400  # the new version's folder beside the last

@@ -73,7 +73,7 @@ def test_previous_version_folder_is_deleted_after_next_sync(tmp_path):
     assert not (tmp_path / "shm" / "v1").exists()
     assert (tmp_path / "shm" / "v2" / "model.safetensors").exists()
     s.close()
-    assert not (tmp_path / "shm" / "v2").exists()
+    assert not (tmp_path / "shm").exists()  # nothing left behind in shared memory
 
 
 def test_engine_is_resumed_when_reload_fails(tmp_path):
@@ -113,6 +113,105 @@ def test_nccl_sync_needs_connect_and_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(WeightSyncError, match="CUDA"):
             s.connect()
+
+
+class SlowPauseEngine:
+    """A real HTTP server (aiohttp, in a thread) with vLLM's dev endpoints, whose /pause
+    sleeps ``pause_s`` before answering ``pause_status`` (a generation still in flight)."""
+
+    def __init__(self, pause_s: float = 0.0, pause_status: int = 200):
+        self.pause_s, self.pause_status = pause_s, pause_status
+        self.paths: list[str] = []
+        self.url = ""
+
+    def __enter__(self) -> "SlowPauseEngine":
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        async def handle(request: web.Request) -> web.Response:
+            self.paths.append(request.path)
+            if request.path == "/pause":
+                await asyncio.sleep(self.pause_s)
+                return web.Response(status=self.pause_status, text="pause failed")
+            return web.json_response({"success": True})
+
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def serve() -> None:
+            app = web.Application()
+            app.router.add_route("POST", "/{tail:.*}", handle)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+            ready.set()
+
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(serve(), self._loop).result(timeout=30)
+        ready.wait(30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()
+
+
+def _write_big(folder: Path):
+    (folder / "model.safetensors").write_bytes(b"w" * 1024)
+
+
+def test_pause_that_times_out_still_resumes_the_engine_and_removes_the_folder(tmp_path):
+    with SlowPauseEngine(pause_s=5.0) as engine:
+        cfg = WeightSyncConfig(shm_dir=str(tmp_path / "shm"), request_timeout_s=0.3)
+        sync = HttpReloadSync([engine.url], cfg)
+        with pytest.raises(WeightSyncError) as err:
+            sync.sync(_write_big, policy_version=7)
+        sync.close()
+        paths = list(engine.paths)
+    assert paths[0] == "/pause" and paths[-1] == "/resume"  # resumed although pause failed
+    assert "/collective_rpc" not in paths  # nothing was loaded into a half-paused engine
+    msg = str(err.value)
+    assert "POST /pause" in msg and "0.3 s" in msg  # what failed: the pause timed out
+    assert "VLLM_SERVER_DEV_MODE" not in msg  # the dev-mode hint is for a missing endpoint
+    assert not (tmp_path / "shm" / "v7").exists()  # the version folder is gone
+
+
+def test_pause_that_fails_resumes_and_removes_the_folder_with_the_engines_answer(tmp_path):
+    with SlowPauseEngine(pause_status=500) as engine:
+        sync = HttpReloadSync([engine.url], WeightSyncConfig(shm_dir=str(tmp_path / "shm")))
+        with pytest.raises(WeightSyncError, match=r"POST /pause answered HTTP 500: pause failed"):
+            sync.sync(_write_big, policy_version=2)
+        sync.close()
+        paths = list(engine.paths)
+    assert paths == ["/pause", "/resume"]
+    assert not (tmp_path / "shm" / "v2").exists()
+
+
+def test_failed_reload_removes_the_new_folder_and_keeps_nothing_behind(tmp_path):
+    s = _sync(tmp_path, FakeEngines(fail_reload_on=E2))
+    with pytest.raises(WeightSyncError):
+        s.sync(_write, 1)
+    assert not (tmp_path / "shm" / "v1").exists()
+    s.close()
+
+
+def test_missing_dev_endpoint_says_to_turn_on_dev_mode(tmp_path):
+    def no_dev_mode(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    c = WeightSyncConfig(shm_dir=str(tmp_path / "shm"))
+    s = HttpReloadSync([E1], c, client=httpx.Client(transport=httpx.MockTransport(no_dev_mode)))
+    with pytest.raises(WeightSyncError, match="HTTP 404.*VLLM_SERVER_DEV_MODE=1"):
+        s.sync(_write, 1)
 
 
 # --------------------------------------------------------------------------- real engine
@@ -171,6 +270,50 @@ def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, mod
         hf = learner.model.generate(torch.tensor([ids]), max_new_tokens=len(after),
                                     do_sample=False)[0, len(ids):].tolist()
     assert hf[:6] == after[:6]
+
+
+def _engine_prompt_logprobs(url: str, ids: list[int]) -> list[float]:
+    """The engine's log-prob of each of ``ids[1:]`` given the tokens before it."""
+    r = httpx.post(f"{url}/v1/completions", timeout=300, json={
+        "model": "smollm2-135m", "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+        "prompt_logprobs": 0})
+    r.raise_for_status()
+    per_pos = r.json()["choices"][0]["prompt_logprobs"]
+    assert per_pos[0] is None and len(per_pos) == len(ids)
+    return [float(per_pos[i][str(ids[i])]["logprob"]) for i in range(1, len(ids))]
+
+
+@pytest.mark.engine
+def test_engine_log_probs_equal_learners_after_every_parameter_changed(real_engine_url, model_path):
+    # Noise on every parameter, the embedding and its tied output head included: if the
+    # sync leaves lm_head out, the engine keeps its startup head and its log-probs are
+    # about 1.2 nats off the learner's (measured); with it they agree to ~3e-5.
+    import torch
+
+    from rl.grpo import TrainSample
+    from rl.learner import Learner
+
+    learner = Learner(model_path)
+    tok = learner.tokenizer
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "What is 17 + 25?"}],
+                                         tokenize=False, add_generation_prompt=True))["input_ids"]
+    completion = tok(" 17 + 25 = 42. The answer is 42.")["input_ids"]
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in learner.model.parameters():
+            p.add_(1e-2 * torch.randn_like(p))
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else model_path
+    sync = HttpReloadSync([real_engine_url], WeightSyncConfig(shm_dir=f"{shm}/misa-rl-test-logp"))
+    try:
+        sync.sync(learner.save_weights, policy_version=1)
+    finally:
+        sync.close()
+    learner.model.eval()
+    ours = learner.log_probs([TrainSample(prompt, completion, [0.0] * len(completion), 0.0)])[0]
+    engine = _engine_prompt_logprobs(real_engine_url, prompt + completion)[len(prompt) - 1:]
+    assert len(engine) == len(ours) == len(completion)
+    diff = sum(abs(a - b) for a, b in zip(ours, engine)) / len(ours)
+    assert diff < 1e-3, f"engine log-probs are {diff:.3g} nats off the learner's"
 
 
 def test_worker_extension_names_cannot_collide_with_vllms_worker():
