@@ -452,13 +452,26 @@ class RouterService:
                 n -= 1
 
     async def _wait_held(self, request: Request, delay_s: float) -> None:
-        """Sleep ``delay_s`` or until ``_wake_held`` picks this request, whichever is first."""
-        fut = asyncio.get_running_loop().create_future()
+        """Sleep ``delay_s`` or until ``_wake_held`` picks this request, whichever is first.
+
+        Raises:
+            asyncio.CancelledError: the client went away (aiohttp cancels the handler).
+                The future is awaited directly, not through ``asyncio.wait_for``: on Python
+                3.11 that returns the future's result and swallows the cancellation when
+                the wake-up and the cancellation land in the same loop step (a finishing
+                request wakes held ones just as their clients leave), and the held request
+                would then be forwarded for nobody.
+        """
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         heapq.heappush(self._held_waiters, (request.arrival_s, next(self._ids), fut))
+        timer = loop.call_later(max(delay_s, 0.0), _set_result_once, fut)
         try:
-            await asyncio.wait_for(fut, timeout=max(delay_s, 0.0))
-        except asyncio.TimeoutError:
-            pass
+            await fut  # a cancellation cancels ``fut`` (or is raised at the next step if it is done)
+        finally:
+            timer.cancel()
+            if not fut.done():
+                fut.cancel()
         if len(self._held_waiters) > 2 * self._held_now + 64:  # drop timed-out entries
             self._held_waiters = [w for w in self._held_waiters if not w[2].done()]
             heapq.heapify(self._held_waiters)
@@ -807,6 +820,11 @@ class RouterService:
             self.translator.clear(instance)
             self.observe(AllBlocksCleared(instance, now))
         return web.json_response({"cleared": targets})
+
+
+def _set_result_once(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _json_type(value: Any) -> str:
