@@ -144,3 +144,38 @@ def test_answer_usage_is_read_without_building_the_rest(payload, usage):
     from router.server import _usage_of_json
 
     assert _usage_of_json(payload) == usage
+
+
+async def _raw_exchange(data: bytes) -> tuple[int, dict]:
+    """Send ``data`` on a raw connection to a router; (status, JSON body) of its answer."""
+    import asyncio
+    import json
+
+    service = RouterService(CountingPolicy(), NO_ENGINES, config=ServiceConfig(scrape_interval_s=60))
+    url = await service.start()
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(data)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=30)  # the router closes after an error
+        writer.close()
+    finally:
+        await service.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"application/json" in head
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    (b"POST /v1/" + b"a" * 100 * 1024 + b" HTTP/1.1\r\nHost: r\r\n\r\n", "longer than"),  # 100 KiB request line
+    (b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 100 * 1024 + b"\r\n\r\n", "longer than"),
+    (b"P@ST /v1/completions HTTP/1.1\r\nHost: r\r\n\r\n", "method"),
+    (b"POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n", "Content-Length"),
+])
+async def test_malformed_http_is_answered_with_an_openai_json_error(data, words):
+    status, body = await _raw_exchange(data)
+    assert status == 400
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "malformed_http"
+    assert words in body["error"]["message"] and len(body["error"]["message"]) < 400
