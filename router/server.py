@@ -529,6 +529,8 @@ class RouterService:
         request_id = f"req-{next(self._ids)}"
         given_session = (h.get("X-Session-Id") or "").strip()  # an empty header is no session id
         session_id = given_session or request_id
+        if not given_session:
+            self.metrics.without_session_id.labels(http.path).inc()  # a path of ROUTES: bounded labels
         cls = h.get("X-Workload-Class")
         if cls not in self._known_classes:
             self.metrics.unknown_class.inc()
