@@ -28,7 +28,9 @@ has begun, the client gets the error as a final SSE ``data: {"error": ...}`` eve
 Bad input gets an OpenAI-format JSON error ``{"error": {"message", "type", "param", "code"}}``:
 400 for a body that is not a UTF-8 JSON object or nests too deeply (``invalid_json``),
 missing fields (``missing_field``), a field the router reads with the wrong type
-(``invalid_type``) or a prompt it cannot read (``invalid_prompt``); wrong method 405,
+(``invalid_type``) or a ``messages``/``prompt`` of the wrong shape (``invalid_prompt``);
+messages the model's chat template cannot render are not refused but placed without a
+prefix and forwarded (the engine judges them); wrong method 405,
 unknown path 404, body over ``max_body_bytes`` 413; HTTP that aiohttp's parser refuses (a
 request line or header over 8190 bytes, a bad method, malformed headers) 400
 ``malformed_http``; a router bug answers 500 with the message, the traceback goes to the
