@@ -28,8 +28,9 @@ The footprint history holds, per ``footprint``:
 Every operation is O(1) amortised except :meth:`SessionLedger.mark_visible` (O(|P_w|))
 and :meth:`SessionLedger.unbind_instance` (O(|O_w| + |P_w|)). Idle expiry is O(expired):
 protected or rebound sessions with no request in flight sit in one insertion-ordered
-dict by last activity, so the oldest is always first; held sessions leave by admission
-or, if nobody re-decides them, by :meth:`SessionLedger.forget_abandoned_holds`. The ledger never reads a clock: callers pass
+dict by last activity, so the oldest is always first; held sessions leave by admission,
+by :meth:`SessionLedger.abandon_hold` when their client leaves, or, if nobody re-decides
+them, by :meth:`SessionLedger.forget_abandoned_holds`. The ledger never reads a clock: callers pass
 ``now`` (seconds).
 """
 
@@ -325,6 +326,29 @@ class SessionLedger:
         if rec.protected or rec.state == REBOUND:
             self._touch_idle(rec, now)
         return None
+
+    def abandon_hold(self, session_id: str, now: float) -> FinishedSession | None:
+        """A held request of ``session_id`` was dropped before admission (its client left).
+
+        A held session with nothing in flight is not a live session: it is closed at once
+        (reason ``abandoned_hold``), so it neither counts as demand nor keeps later sessions
+        of its class queued behind it until ``forget_abandoned_holds``. One with another
+        request still in flight only leaves the held queue (state REBOUND: it re-acquires
+        admission if it continues, and idles out otherwise). A session that is not held is
+        left as it is (the dropped request never started, so it changes no count).
+
+        Returns:
+            The finished session if this closed it, else None.
+        """
+        rec = self._sessions.get(session_id)
+        if rec is None or rec.state != HELD:
+            return None
+        if rec.in_flight:
+            del self._held[rec.workload_class][session_id]
+            rec.state, rec.hold_reason, rec.held_since_s = REBOUND, None, None
+            return None
+        self.abandoned_holds += 1
+        return self.end(session_id, now, "abandoned_hold")
 
     def mark_visible(self, instance: str, snapshot_s: float) -> int:
         """A metric or KV snapshot of ``instance`` taken at ``snapshot_s``: pending sessions whose

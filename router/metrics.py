@@ -32,6 +32,9 @@ class RouterMetrics:
         decision_latency_s: ``router_decision_latency_seconds``; one decide() call.
         unknown_class: ``router_unknown_workload_class_total``; requests whose
             ``X-Workload-Class`` was missing or not configured (mapped to ``default``).
+        without_session_id: ``router_requests_without_session_id_total{route}``; requests
+            that came with no (or an empty) ``X-Session-Id``, each its own one-turn
+            session: a client that forgets the header on agent turns shows up here.
         requests: ``router_requests_total{instance, outcome=ok|error|client_gone}``.
         in_flight: ``router_in_flight_requests{instance}``; set when ``/metrics`` is read.
         engine_failures: ``router_engine_failures_total{instance}``.
@@ -65,6 +68,10 @@ class RouterMetrics:
         )
         self.unknown_class = Counter(
             "router_unknown_workload_class", "Requests with a missing or unknown X-Workload-Class", registry=r
+        )
+        self.without_session_id = Counter(
+            "router_requests_without_session_id", "Requests without X-Session-Id (each its own one-turn session)",
+            ["route"], registry=r,
         )
         self.requests = Counter("router_requests", "Forwarded requests by instance and outcome", ["instance", "outcome"], registry=r)
         self.in_flight = Gauge("router_in_flight_requests", "Requests forwarded and not finished", ["instance"], registry=r)

@@ -25,12 +25,16 @@ or HTTP 502/503/504) is marked unhealthy, probed on ``/health`` until it answers
 the request is decided again (retried elsewhere, up to ``max_retries``). Once streaming
 has begun, the client gets the error as a final SSE ``data: {"error": ...}`` event.
 
-Bad input gets an OpenAI-format JSON error ``{"error": {"message", "type", "code"}}``:
+Bad input gets an OpenAI-format JSON error ``{"error": {"message", "type", "param", "code"}}``:
 400 for a body that is not a UTF-8 JSON object or nests too deeply (``invalid_json``),
 missing fields (``missing_field``), a field the router reads with the wrong type
-(``invalid_type``) or a prompt it cannot read (``invalid_prompt``); wrong method 405,
-unknown path 404, body over ``max_body_bytes`` 413; a router bug answers 500 with the
-message, the traceback goes to the log only.
+(``invalid_type``) or a ``messages``/``prompt`` of the wrong shape (``invalid_prompt``);
+messages the model's chat template cannot render are not refused but placed without a
+prefix and forwarded (the engine judges them); wrong method 405,
+unknown path 404, body over ``max_body_bytes`` 413; HTTP that aiohttp's parser refuses (a
+request line or header over 8190 bytes, a bad method, malformed headers) 400
+``malformed_http``; a router bug answers 500 with the message, the traceback goes to the
+log only.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import aiohttp
 import msgspec
-from aiohttp import web
+from aiohttp import web, web_protocol
 
 from router.metrics import RouterMetrics
 from router.policies.base import (
@@ -185,11 +189,45 @@ class _NoHealthyEngine(Exception):
     """No engine was healthy for longer than ``no_engine_timeout_s`` while a request waited."""
 
 
-def error_response(status: int, message: str, code: str | None = None) -> web.Response:
-    """OpenAI-format error body ``{"error": {"message", "type", "code"}}`` with ``status``."""
+def error_body(status: int, message: str, code: str | None = None) -> dict:
+    """OpenAI-format error ``{"error": {"message", "type", "param", "code"}}`` for ``status``."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
-    return web.json_response(body, status=status)
+    return {"error": {"message": message, "type": kind, "param": None, "code": code or str(status)}}
+
+
+def error_response(status: int, message: str, code: str | None = None) -> web.Response:
+    """:func:`error_body` as a JSON response with ``status``."""
+    return web.json_response(error_body(status, message, code), status=status)
+
+
+class _JsonErrorRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's connection handler, answering the errors of the HTTP layer itself
+    (malformed request line or headers, a line over aiohttp's 8190-byte limit, a bad
+    method, a handler that escaped) in OpenAI format instead of aiohttp's text/plain."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if the answer has begun
+        if isinstance(exc, aiohttp.http_exceptions.LineTooLong):
+            text = ("malformed HTTP request: the request line or a header line is longer than the server's "
+                    "limit of 8190 bytes; send large data in the body")
+        elif isinstance(exc, aiohttp.http_exceptions.HttpProcessingError):
+            detail = " ".join((exc.message or "").split())
+            text = f"malformed HTTP request: {detail[:200]}"
+        elif status == 504:
+            text = "the router timed out handling the request"
+        else:
+            text = f"internal router error: {type(exc).__name__}" if exc is not None else (message or "error")
+        response = error_response(status, text, "malformed_http" if status == 400 else None)
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    """``web.Server`` whose connections use :class:`_JsonErrorRequestHandler`."""
+
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 @dataclass
@@ -339,7 +377,7 @@ class RouterService:
                 log.exception("internal error on %s %s", http.method, http.path)
                 return error_response(500, f"internal router error: {type(exc).__name__}: {exc}")
 
-        return web.Server(handle, request_factory=make_request, handler_cancellation=True, access_log=None)
+        return _JsonErrorServer(handle, request_factory=make_request, handler_cancellation=True, access_log=None)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Start the background tasks and serve on ``host:port`` (0 = any free port); returns the base URL."""
@@ -452,13 +490,26 @@ class RouterService:
                 n -= 1
 
     async def _wait_held(self, request: Request, delay_s: float) -> None:
-        """Sleep ``delay_s`` or until ``_wake_held`` picks this request, whichever is first."""
-        fut = asyncio.get_running_loop().create_future()
+        """Sleep ``delay_s`` or until ``_wake_held`` picks this request, whichever is first.
+
+        Raises:
+            asyncio.CancelledError: the client went away (aiohttp cancels the handler).
+                The future is awaited directly, not through ``asyncio.wait_for``: on Python
+                3.11 that returns the future's result and swallows the cancellation when
+                the wake-up and the cancellation land in the same loop step (a finishing
+                request wakes held ones just as their clients leave), and the held request
+                would then be forwarded for nobody.
+        """
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         heapq.heappush(self._held_waiters, (request.arrival_s, next(self._ids), fut))
+        timer = loop.call_later(max(delay_s, 0.0), _set_result_once, fut)
         try:
-            await asyncio.wait_for(fut, timeout=max(delay_s, 0.0))
-        except asyncio.TimeoutError:
-            pass
+            await fut  # a cancellation cancels ``fut`` (or is raised at the next step if it is done)
+        finally:
+            timer.cancel()
+            if not fut.done():
+                fut.cancel()
         if len(self._held_waiters) > 2 * self._held_now + 64:  # drop timed-out entries
             self._held_waiters = [w for w in self._held_waiters if not w[2].done()]
             heapq.heapify(self._held_waiters)
@@ -480,6 +531,8 @@ class RouterService:
         request_id = f"req-{next(self._ids)}"
         given_session = (h.get("X-Session-Id") or "").strip()  # an empty header is no session id
         session_id = given_session or request_id
+        if not given_session:
+            self.metrics.without_session_id.labels(http.path).inc()  # a path of ROUTES: bounded labels
         cls = h.get("X-Workload-Class")
         if cls not in self._known_classes:
             self.metrics.unknown_class.inc()
@@ -711,7 +764,7 @@ class RouterService:
                 except _FAILED_ENGINE_ERRORS as exc:
                     if not response.prepared:
                         raise _EngineFailed(f"{type(exc).__name__}: {exc}") from None
-                    err = {"error": {"message": f"engine failed mid-stream: {exc}", "type": "server_error", "code": "502"}}
+                    err = error_body(502, f"engine failed mid-stream: {exc}")
                     await response.write(b"data: " + msgspec.json.encode(err) + b"\n\n")
                     outcome = "engine_broke"
                     break
@@ -807,6 +860,11 @@ class RouterService:
             self.translator.clear(instance)
             self.observe(AllBlocksCleared(instance, now))
         return web.json_response({"cleared": targets})
+
+
+def _set_result_once(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _json_type(value: Any) -> str:

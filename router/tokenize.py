@@ -10,8 +10,12 @@ router must tokenize exactly as the engine does:
 - ``/v1/completions``: the ``prompt`` string (tokenized with special tokens, as vLLM
   does) or a list of token ids taken as is.
 
-Without a tokenizer (``model.path`` unset) token lists are still used as is; text prompts
-get ``block_hashes=()`` (no prefix matching) and ``prompt_tokens`` estimated as
+A null ``content`` (an assistant tool-call turn) is rendered as ``""`` and the body's
+``tools`` are passed to the template, as the engine does. Where the template cannot render
+the messages anyway, the prefix is unknown: the request is placed without one and forwarded
+(the engine judges it). Without a tokenizer (``model.path`` unset) token lists are still
+used as is; text prompts (and unrenderable messages) get ``block_hashes=()`` (no prefix
+matching) and ``prompt_tokens`` estimated as
 ``ceil(chars / CHARS_PER_TOKEN)``, a rough English average that only feeds KV-demand
 estimates.
 """
@@ -19,12 +23,15 @@ estimates.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from router.policies.base import RouterConfigError
 from router.prefix_index import chain_hashes
+
+log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4.0
 """Characters per token for the no-tokenizer estimate of ``prompt_tokens``."""
@@ -84,6 +91,25 @@ def _message_text(messages: list[Any]) -> str:
         elif isinstance(content, list):  # OpenAI content parts
             parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return "\n".join(parts)
+
+
+def _for_template(messages: list[dict]) -> list[dict]:
+    """``messages`` as chat templates can render them: a null ``content`` (an assistant
+    turn that only calls tools) becomes ``""``, since templates join content with ``+``."""
+    return [{**m, "content": ""} if m.get("content") is None else m for m in messages]
+
+
+_UNRENDERED_LOGGED: set[str] = set()
+
+
+def _log_unrendered(exc: Exception) -> None:
+    """One warning per kind of template failure (the requests are still forwarded)."""
+    kind = type(exc).__name__
+    if kind not in _UNRENDERED_LOGGED:
+        _UNRENDERED_LOGGED.add(kind)
+        log.warning("the chat template cannot render a request's messages (%s: %s); such requests are placed "
+                    "without a prefix (no cache affinity) and forwarded (further %s failures are not logged)",
+                    kind, exc, kind)
 
 
 def _is_token_list(prompt: Any) -> bool:
@@ -146,20 +172,29 @@ class PromptTokenizer:
     def token_ids(self, body: dict, endpoint: Endpoint) -> tuple[list[int] | None, str]:
         """The prompt's token ids (None without a tokenizer) and its text.
 
+        Ids are None also when the chat template cannot render the messages (the
+        prefix is then unknown; the engine, not the router, judges the request).
+
         Raises:
             PromptError: ``messages`` is not a list of messages (string ``role``; string,
-                null or content-part list ``content``) or the chat template cannot render
-                it; ``prompt`` is neither a string nor a list of token ids (a list of
+                null or content-part list ``content``); ``prompt`` is neither a string nor a list of token ids (a list of
                 prompts is read as its first), or holds an id outside the vocabulary.
         """
         if endpoint == "chat":
             messages = _check_messages(body.get("messages"))
             if self._tokenizer is None:
                 return None, _message_text(messages)
+            tools = body.get("tools")
             try:
-                text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                text = self._tokenizer.apply_chat_template(
+                    _for_template(messages), tools=tools if isinstance(tools, list) else None,
+                    add_generation_prompt=True, tokenize=False,
+                )
             except Exception as exc:  # the template raises what it likes on content it cannot render
-                raise PromptError(f"the model's chat template cannot render 'messages': {type(exc).__name__}: {exc}") from None
+                # Not the router's call: the engine decides what is invalid. The request is
+                # placed without a prefix (unknown) and forwarded unchanged.
+                _log_unrendered(exc)
+                return None, _message_text(messages)
             # The template already holds the special tokens (BOS); vLLM does not add more.
             return self._tokenizer.encode(text, add_special_tokens=False), text
         prompt = body.get("prompt")

@@ -426,16 +426,23 @@ class UpstreamClient:
             finally:
                 response.release()
 
-        return await (exchange() if timeout_s is None else asyncio.wait_for(exchange(), timeout_s))
+        if timeout_s is None:
+            return await exchange()
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # lands in the step where the exchange completes (a probe then outlives its cancel).
+        async with asyncio.timeout(timeout_s):
+            return await exchange()
 
     async def _connect(self, engine: _Engine) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(engine), engine.host, engine.port, ssl=engine.ssl,
-                                       server_hostname=engine.server_hostname),
-                self.connect_timeout_s,
-            )
+            # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of a
+            # client that left as the connection came up, and the request would be sent anyway.
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(engine), engine.host, engine.port, ssl=engine.ssl,
+                    server_hostname=engine.server_hostname,
+                )
         except asyncio.TimeoutError:
             raise UpstreamError(f"connecting to {engine.host}:{engine.port} timed out after "
                                 f"{self.connect_timeout_s:g} s (engines.connect_timeout_s)") from None

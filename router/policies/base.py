@@ -164,7 +164,10 @@ class RequestFinished:
     """A request finished (or failed) on ``instance``.
 
     ``prompt_tokens``/``completion_tokens`` are the engine's usage figures when known;
-    ``ok`` is False when the engine failed the request.
+    ``ok`` is False when the engine failed the request. ``instance == ""`` (with
+    ``ok=False``): the request was dropped before admission and never forwarded (its
+    client left while it was held, or no engine was healthy); a policy releases the
+    demand it holds for it at once.
     """
 
     request: Request

@@ -1,7 +1,9 @@
 """cache_aware: the vLLM Router's policy as it is today (placement only, no admission).
 
-Load is in-flight requests per instance (``InstanceView.in_flight``). When load is
-imbalanced, i.e. ``(max_load - min_load) > balance_abs_threshold`` AND
+Load is in-flight requests per healthy instance (``InstanceView.in_flight``; an
+unhealthy engine at load 0 would make a balanced pool look imbalanced and break prefix
+affinity, the real router's bug vllm-project/router#254). When load is imbalanced, i.e.
+``(max_load - min_load) > balance_abs_threshold`` AND
 ``max_load > min_load * balance_rel_threshold``, the request goes to the least-loaded
 instance. Otherwise it goes to the instance with the longest prefix match if the match
 rate (matched / request length) exceeds ``cache_threshold``, else to the least-loaded one.
@@ -95,7 +97,7 @@ class CacheAwarePolicy:
         if not healthy:
             self.stats.holds += 1
             return Hold(self.config.no_healthy_recheck_s, reason="no healthy instance")
-        loads = [v.in_flight for v in view.instances]
+        loads = [v.in_flight for v in healthy]  # not the unhealthy ones (vllm-project/router#254)
         max_load, min_load = max(loads), min(loads)
         cfg = self.config
         if max_load - min_load > cfg.balance_abs_threshold and max_load > min_load * cfg.balance_rel_threshold:

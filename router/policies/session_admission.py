@@ -44,7 +44,9 @@ Admission rule, per instance w (MISA-T Eq. 6)::
   MISA's N_{w,b}); within a workload class, cap-held sessions are admitted in arrival
   order; the recheck delay is ``recheck_max_s / (1 + visible siblings of its GRPO
   group)``, at least ``recheck_min_s``: once siblings run, the group waits on the held one.
-  A held session not re-decided for ``held_forget_s`` is dropped (its caller gave up);
+  A held session whose request is dropped before admission (``RequestFinished`` with no
+  instance: its client left) is closed at once when nothing else of it is in flight;
+  one not re-decided for ``held_forget_s`` is dropped (its caller gave up without a word);
   holds older than ``long_hold_s`` are counted in ``state()["long_holds"]``.
 - Placement among instances with headroom (``placement``): ``cache_aware`` = longest
   prefix match in the prefix index, else least loaded; ``cost`` = MISA-T Eq. 1.
@@ -617,6 +619,9 @@ class SessionAdmissionPolicy:
             self.prompt_tokens.append(event.request.prompt_tokens)
             blocks = math.ceil(event.request.prompt_tokens / self._block_size(event.instance))
             ledger.request_started(event.request.session_id, event.now, blocks)
+        elif isinstance(event, RequestFinished) and not event.instance:
+            # dropped before admission (client gone, or no healthy engine): it never started
+            ledger.abandon_hold(event.request.session_id, event.now)
         elif isinstance(event, RequestFinished):
             tokens = (event.prompt_tokens or event.request.prompt_tokens) + event.completion_tokens
             blocks = math.ceil(tokens / self._block_size(event.instance))

@@ -126,3 +126,24 @@ def test_ended_rebound_session_leaves_the_idle_order() -> None:
     ledger.unbind_instance("w0")
     ledger.end("s", 1.0, "end")
     assert ledger.expire_idle(now=500.0, idle_timeout_s=120.0) == []
+
+
+def test_held_session_whose_request_was_dropped_is_closed_at_once_unless_another_runs() -> None:
+    ledger = SessionLedger()
+    alone = ledger.open("alone", "agent", None, 0.0)
+    ledger.hold(alone, HOLD_CAP, 0.0)
+    behind = ledger.open("behind", "agent", None, 1.0)
+    ledger.hold(behind, HOLD_CAP, 1.0)
+    assert ledger.earlier_cap_hold(behind) is alone
+    done = ledger.abandon_hold("alone", 2.0)
+    assert done.reason == "abandoned_hold" and ledger.session("alone") is None
+    assert ledger.earlier_cap_hold(behind) is None and ledger.held_counts() == {"agent": 1}
+    # A session with another request in flight only leaves the held queue.
+    busy = ledger.open("busy", "agent", None, 0.0)
+    ledger.admit(busy, "w0", 0.0)
+    ledger.request_started("busy", 0.5, prompt_blocks=2)
+    ledger.unbind(busy)
+    ledger.hold(busy, HOLD_CAP, 3.0)
+    assert ledger.abandon_hold("busy", 4.0) is None
+    assert busy.state == REBOUND and ledger.held_counts() == {"agent": 1} and ledger.session("busy") is busy
+    assert ledger.abandon_hold("busy", 4.0) is None and ledger.abandoned_holds == 1  # not held: unchanged

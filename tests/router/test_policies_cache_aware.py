@@ -48,6 +48,17 @@ def test_prefix_index_matching_uses_kv_events() -> None:
     assert policy.decide(req(hashes=(11, 12, 13, 14)), loads(w0=0, w1=2), 3.0).instance == "w0"
 
 
+def test_an_unhealthy_idle_instance_does_not_make_a_balanced_pool_look_imbalanced() -> None:
+    """vllm-project/router#254: load imbalance is over the healthy instances only."""
+    policy = make_policy("cache_aware")
+    policy.decide(req(), loads(w0=0, w1=0, w2=0), 0.0)  # tree learns TEXT -> w0
+    # Healthy w0=40, w1=38: 40 - 38 = 2 <= 32, balanced, so the full match wins. Counting
+    # the dead w2 at 0 would give 40 - 0 = 40 > 32 and 40 > 0: "imbalanced" -> w1.
+    view = ClusterView((InstanceView("w0", in_flight=40), InstanceView("w1", in_flight=38),
+                        InstanceView("w2", healthy=False, in_flight=0)))
+    assert policy.decide(req(), view, 1.0) == Admit("w0", reason="cache_affinity")
+
+
 def test_tree_is_evicted_to_max_size_on_the_eviction_timer() -> None:
     policy = make_policy("cache_aware", {"max_tree_size": 10, "eviction_interval_s": 60})
     policy.decide(req(), loads(w0=0, w1=0), 0.0)

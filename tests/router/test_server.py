@@ -165,6 +165,18 @@ async def test_request_without_session_id_is_its_own_one_turn_session(router):
     assert [e.session_id for e in router.policy.of_type(SessionEnded)] == [started.request.session_id]
 
 
+async def test_requests_without_session_id_are_counted_per_route(router):
+    async with httpx.AsyncClient(base_url=router.url) as client:
+        for _ in range(2):
+            await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+        await client.post("/v1/completions", json={"model": "m", "prompt": "p"}, headers={"X-Session-Id": ""})
+        await client.post("/v1/completions", json={"model": "m", "prompt": "p"}, headers={"X-Session-Id": "s"})
+        await client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        text = (await client.get("/metrics")).text
+    assert 'router_requests_without_session_id_total{route="/v1/completions"} 3.0' in text
+    assert 'router_requests_without_session_id_total{route="/v1/chat/completions"} 1.0' in text
+
+
 async def test_held_request_is_rechecked_then_admitted(engines):
     service = await start_router(engines, policy=RecordingPolicy(hold_first=3))
     try:

@@ -96,24 +96,18 @@ async def test_malformed_body_gets_400_with_a_message_saying_what_is_wrong(path,
     assert policy.decisions == 0 and not policy.started
 
 
-async def test_chat_template_failure_is_a_400_not_a_500(model_dir):
-    status, body, policy = await _post("/v1/chat/completions", b'{"model": "m", "messages": []}', model_dir)
-    assert status == 400 and body["error"]["code"] == "invalid_prompt", body
-    assert "chat template cannot render" in body["error"]["message"] and policy.decisions == 0
-
-
-def test_any_template_exception_becomes_a_prompt_error(model_dir):
-    from router.tokenize import PromptError
-
+def test_any_template_exception_leaves_the_prefix_unknown_not_a_refusal(model_dir):
+    """The engine, not the router, judges messages its template cannot render: the router
+    places such a request without a prefix (the openai-client test shows it forwarded)."""
     tokenizer = PromptTokenizer(model_dir, block_size=4)
     hf, template = tokenizer._tokenizer, tokenizer._tokenizer.chat_template  # cached: restored below
     hf.chat_template = "{{ messages[0]['content'] + '!' }}"  # str + list: TypeError
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello world"}]}]}
     try:
-        with pytest.raises(PromptError, match="TypeError"):
-            tokenizer.prompt_info(body, "chat")
+        info = tokenizer.prompt_info(body, "chat")
     finally:
         hf.chat_template = template
+    assert info.block_hashes == () and info.prompt_text == "hello world" and info.prompt_tokens == 3  # 11 chars / 4
 
 
 async def test_token_id_beyond_the_vocabulary_is_a_400_with_a_tokenizer(model_dir):
@@ -144,3 +138,38 @@ def test_answer_usage_is_read_without_building_the_rest(payload, usage):
     from router.server import _usage_of_json
 
     assert _usage_of_json(payload) == usage
+
+
+async def _raw_exchange(data: bytes) -> tuple[int, dict]:
+    """Send ``data`` on a raw connection to a router; (status, JSON body) of its answer."""
+    import asyncio
+    import json
+
+    service = RouterService(CountingPolicy(), NO_ENGINES, config=ServiceConfig(scrape_interval_s=60))
+    url = await service.start()
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(data)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=30)  # the router closes after an error
+        writer.close()
+    finally:
+        await service.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"application/json" in head
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    (b"POST /v1/" + b"a" * 100 * 1024 + b" HTTP/1.1\r\nHost: r\r\n\r\n", "longer than"),  # 100 KiB request line
+    (b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 100 * 1024 + b"\r\n\r\n", "longer than"),
+    (b"P@ST /v1/completions HTTP/1.1\r\nHost: r\r\n\r\n", "method"),
+    (b"POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n", "Content-Length"),
+])
+async def test_malformed_http_is_answered_with_an_openai_json_error(data, words):
+    status, body = await _raw_exchange(data)
+    assert status == 400
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "malformed_http"
+    assert words in body["error"]["message"] and len(body["error"]["message"]) < 400
