@@ -111,6 +111,24 @@ def token_balanced_partition(num_tokens: Sequence[int], num_ranks: int) -> list[
     return [sorted(p) for p in parts]
 
 
+def check_learner_ranks(world_size: int | None, backend: str, info: RankInfo) -> None:
+    """Refuse, before anything starts, a learner config that does not fit the launcher's
+    ranks: ``trainer.learner.world_size`` other than WORLD_SIZE, or several ranks with a
+    backend that trains in one rank.
+
+    Raises:
+        RankError: the message names the key and the launch command.
+    """
+    if world_size is not None and world_size != info.world_size:
+        hint = (f"start it with torchrun --nproc-per-node {world_size} -m rl.train ..."
+                if info.world_size == 1 else "or set trainer.learner.world_size=null")
+        raise RankError(f"trainer.learner.world_size={world_size}, but the launcher started "
+                        f"{info.world_size} rank(s) (WORLD_SIZE): {hint}")
+    if info.world_size > 1 and backend == "deepspeed":
+        raise RankError(f"{info.world_size} learner ranks with trainer.learner.backend=deepspeed "
+                        "(ZeRO 1/2 in one rank here): set trainer.learner.backend=fsdp")
+
+
 class RankGroup:
     """The learner's process group plus the command channel and heartbeats.
 
@@ -145,8 +163,7 @@ class RankGroup:
             dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout_s))
         self.store = self._client()
         self._beat_store = self._client()
-        self.store.set(f"{_PREFIX}info/{info.rank}", pickle.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "log": log_path}))
+        self.set_log(log_path)
         self._beat = threading.Thread(target=self._heartbeat, name="rank-heartbeat", daemon=True)
         self._beat.start()
 
@@ -247,6 +264,36 @@ class RankGroup:
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                          "a rank may be stuck: see the learner-rank logs")
 
+    def publish(self, key: str, value: str) -> None:
+        """Rank 0: make ``value`` readable by every rank (``fetch``)."""
+        self.store.set(f"{_PREFIX}value/{key}", value.encode())
+
+    def fetch(self, key: str) -> str:
+        """The value rank 0 ``publish``-ed under ``key``, waiting for it while rank 0 beats.
+
+        Raises:
+            RankError: rank 0 stopped beating first.
+        """
+        full = f"{_PREFIX}value/{key}"
+        last, since = None, time.monotonic()
+        while True:
+            raw = self._get(full)
+            if raw is not None:
+                return raw.decode()
+            beat = self._counter(0)
+            if beat != last:
+                last, since = beat, time.monotonic()
+            elif time.monotonic() - since > DEAD_AFTER_S:
+                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
+                                f"beating before it published {key!r}; stopping")
+            time.sleep(HEARTBEAT_S / 2)
+
+    def set_log(self, log_path: str) -> None:
+        """Record where this rank logs (named when it fails)."""
+        self.log_path = log_path
+        self.store.set(f"{_PREFIX}info/{self.rank}", pickle.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "log": log_path}))
+
     def _get(self, key: str) -> bytes | None:
         try:
             if self.store.check([key]):
@@ -314,3 +361,25 @@ def worker_loop(group: RankGroup, learner_factory) -> int:
 
         traceback.print_exc()
         return 1
+
+
+def worker_main(info: RankInfo, device: str, collective_timeout_s: float) -> int:
+    """A worker rank of ``python -m rl.train``: join the group, log to
+    ``<run_dir>/logs/learner-rank<r>.log`` (the run folder rank 0 publishes), then
+    ``worker_loop`` with the sharded learner. Returns the exit status."""
+    import torch
+
+    from rl.sharded_learner import ShardedLearner
+
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    group = RankGroup(info, "nccl" if on_gpu else "gloo", collective_timeout_s)
+    try:
+        log = Path(group.fetch("run_dir")) / "logs" / f"learner-rank{info.rank}.log"
+        redirect_output(log)
+        group.set_log(str(log))
+        return worker_loop(group, lambda g, path, cfg: ShardedLearner(g, path, cfg))
+    except RankError as e:
+        print(e, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        group.close()

@@ -192,3 +192,29 @@ def test_ctrl_c_and_sigterm_end_with_one_stopped_line_not_a_traceback(tmp_path, 
                          timeout=60)
     assert run.returncode == code
     assert run.stderr == f"stopped ({why}); every process this command started has been stopped\n"
+
+
+def test_sharded_32b_recipe_passes_every_check_the_job_runs_before_engines_start(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rl.learner import learner_config
+    from rl.train import validate_job_cfg
+
+    monkeypatch.setenv("WORLD_SIZE", "48")  # rank 0 of torchrun --nnodes 6 --nproc-per-node 8
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 8)
+    urls = [f"http://r{i}:8000" for i in range(1, 5)]
+    events = [f"tcp://r{i}:5557" for i in range(1, 5)]
+    cfg = compose("train", ["recipe=sharded_32b", "model.path=/tmp/x", "run_dir=runs/test",
+                            f"engine.urls=[{','.join(urls)}]",
+                            f"engine.kv_event_endpoints=[{','.join(events)}]",
+                            "trainer.weight_sync.nccl_master_address=node0"])
+    validate_job_cfg(cfg)
+    learner = learner_config(OmegaConf.to_container(cfg.trainer, resolve=True))
+    assert (learner.backend, learner.world_size, learner.dtype) == ("fsdp", 48, "bfloat16")
+    monkeypatch.setenv("WORLD_SIZE", "16")  # launched on 2 nodes instead: refused, key named
+    from rl.distributed import RankError
+
+    with pytest.raises(RankError, match="trainer.learner.world_size=48, but the launcher started 16"):
+        validate_job_cfg(cfg)
