@@ -94,6 +94,8 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
     ("trainer.rho.agent=-5", "trainer.rho"),
     ("trainer.loss.eps_low=abc", "wrong type"),
     ("trainer.iterations=0", "trainer.iterations=0"),
+    ("trainer.learner.world_size=2", "trainer.learner.world_size=2, but the launcher started 1"),
+    ("trainer.learner.sync_bucket_mb=0", "learner.sync_bucket_mb and learner.collective_timeout_s"),
     ("trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl",
      "trainer.domains.rlvr.gsm8k: GSM8K file /nonexistent/train.jsonl does not exist"),
 ])
