@@ -1,12 +1,15 @@
 """The policy update: load the HF model, GRPO loss, backward, optimizer step.
 
-Two backends behind one API (``LearnerConfig.backend``):
+Three backends behind one API (``LearnerConfig.backend``):
 
 - ``torch``: plain ``torch.optim.AdamW`` on one device (CPU here).
 - ``deepspeed``: a DeepSpeed engine with ZeRO stage 1 or 2 (optimizer state / gradients
   partitioned across ranks). On CPU set ``DS_ACCELERATOR=cpu``; one process uses the
   gloo backend (the first run compiles a small op with g++, about a minute). On a GPU the
   same code uses NCCL (one rank on ``device`` when no launcher set up the ranks).
+- ``fsdp``: the sharded learner on many ranks (``rl/sharded_learner.py``, torch FSDP2;
+  ranks from torchrun, rank 0 the orchestrator). A launcher's WORLD_SIZE > 1 selects it
+  (``make_learner``).
 
 Which GPUs the learner may use is decided by ``python -m rl.train`` before the learner is
 built (``LearnerConfig.gpus``, ``rollout.engines.gpu_placement``): it narrows the trainer
@@ -52,7 +55,14 @@ class LearnerConfig:
     """Options of the policy update.
 
     Attributes:
-        backend: ``torch`` (plain AdamW) or ``deepspeed`` (ZeRO).
+        backend: ``torch`` (plain AdamW), ``deepspeed`` (ZeRO 1/2 in one rank) or
+            ``fsdp`` (sharded over the launcher's ranks, ``rl/sharded_learner.py``).
+        world_size: learner ranks; None = the launcher's WORLD_SIZE (1 without one). A
+            number must equal WORLD_SIZE (the ranks are started by torchrun, not here).
+        sync_bucket_mb: ``fsdp``: the weight sync gathers at most about this many MiB of
+            full tensors onto rank 0 at a time.
+        collective_timeout_s: ``fsdp``: bound on one collective; a rank that hangs fails
+            the job after this long (a dead one at once).
         zero_stage: 1 or 2 (``deepspeed`` only).
         device: ``cpu``, ``cuda`` (``cuda:N``) or ``auto`` (cuda when available).
         gpus: positions in the job's GPU list (``CUDA_VISIBLE_DEVICES``, else all GPUs)
@@ -70,8 +80,11 @@ class LearnerConfig:
         loss: the GRPO loss options.
     """
 
-    backend: Literal["torch", "deepspeed"] = "torch"
+    backend: Literal["torch", "deepspeed", "fsdp"] = "torch"
     zero_stage: int = 1
+    world_size: int | None = None
+    sync_bucket_mb: float = 512.0
+    collective_timeout_s: float = 600.0
     device: str = "auto"
     gpus: list[int] | None = None
     dtype: str = "float32"
@@ -84,8 +97,15 @@ class LearnerConfig:
     loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("torch", "deepspeed"):
-            raise LearnerError(f"learner.backend={self.backend!r}: choose torch or deepspeed")
+        if self.backend not in ("torch", "deepspeed", "fsdp"):
+            raise LearnerError(f"learner.backend={self.backend!r}: choose torch, deepspeed or fsdp")
+        if self.world_size is not None and (isinstance(self.world_size, bool)
+                                            or not isinstance(self.world_size, int) or self.world_size < 1):
+            raise LearnerError(f"learner.world_size={self.world_size!r}: give a whole number >= 1 "
+                               "or null (the launcher's WORLD_SIZE)")
+        if not self.sync_bucket_mb > 0 or not self.collective_timeout_s > 0:
+            raise LearnerError("learner.sync_bucket_mb and learner.collective_timeout_s must "
+                               "be > 0")
         if self.backend == "deepspeed" and self.zero_stage not in (1, 2):
             raise LearnerError(f"learner.zero_stage={self.zero_stage}: choose 1 or 2 (stage 3 "
                                "shards parameters, which the weight sync does not gather)")
@@ -142,6 +162,92 @@ def disk_estimate(num_params: int, tied_head_params: int, param_bytes: int,
     return DiskEstimate(ckpt, (keep_last + 1) * ckpt, 2 * weights)
 
 
+def make_learner(model_path: str | Path, cfg: LearnerConfig, group=None):
+    """The learner for this job: ``ShardedLearner`` over ``group``'s ranks when
+    ``cfg.backend`` is ``fsdp`` or the launcher started more than one rank, else ``Learner``.
+
+    Args:
+        group: ``rl.distributed.RankGroup`` (rank 0's), required for the sharded learner.
+
+    Raises:
+        LearnerError: several ranks with ``backend=deepspeed`` (ZeRO 1/2 here is one rank).
+    """
+    world = group.world_size if group is not None else 1
+    if cfg.backend == "deepspeed" and world > 1:
+        raise LearnerError(f"{world} learner ranks with trainer.learner.backend=deepspeed: the "
+                           "sharded learner is FSDP2; set trainer.learner.backend=fsdp")
+    if cfg.backend == "fsdp" or world > 1:
+        if group is None:
+            raise LearnerError("trainer.learner.backend=fsdp needs the learner's ranks "
+                               "(rl.distributed.RankGroup)")
+        from rl.sharded_learner import make_sharded_learner
+
+        return make_sharded_learner(group, model_path, cfg)
+    return Learner(model_path, cfg)
+
+
+def fresh_sibling(folder: Path) -> Path:
+    """An empty temporary folder beside ``folder`` (``.<name>.tmp``) to write a checkpoint into."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def swap_into_place(tmp: Path, folder: Path) -> Path:
+    """Rename the complete ``tmp`` to ``folder``, so ``folder`` always holds either the old or
+    the new complete checkpoint; returns ``folder``."""
+    old = folder.parent / f".{folder.name}.old"
+    if folder.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        folder.rename(old)
+    tmp.rename(folder)
+    if old.exists():
+        shutil.rmtree(old)
+    return folder
+
+
+def load_policy(model_path: str, cfg: LearnerConfig):
+    """(model, tokenizer, pad token id) of the HF folder ``model_path``, in ``cfg.dtype``, on
+    CPU, with gradient checkpointing as ``cfg`` says and the KV cache off.
+
+    Raises:
+        LearnerError: the folder cannot be loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.dtype))
+    except (OSError, ValueError) as e:
+        raise LearnerError(f"cannot load the policy model from {model_path}: {e}. "
+                           "Give a Hugging Face model folder (see rollout/model.py).") from None
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return model, tokenizer, pad
+
+
+def checkpoint_state(folder: Path, backend: str) -> dict[str, Any]:
+    """The ``trainer_state.json`` of a checkpoint folder written by ``backend``.
+
+    Raises:
+        LearnerError: no checkpoint there, or another backend wrote it.
+    """
+    if not (folder / STATE_FILE).is_file():
+        raise LearnerError(f"{folder} holds no checkpoint ({STATE_FILE} missing)")
+    state = json.loads((folder / STATE_FILE).read_text())
+    if state.get("backend") != backend:
+        raise LearnerError(f"checkpoint {folder} was written by backend {state.get('backend')}, "
+                           f"this learner uses {backend}; resume with the same "
+                           "trainer.learner.backend")
+    return state
+
+
 def _resolve_device(name: str) -> torch.device:
     """The learner's device, with an index on CUDA (``cuda`` -> ``cuda:0``): DeepSpeed and
     the NCCL weight sync compare devices, and ``cuda`` never equals ``cuda:0``."""
@@ -192,23 +298,10 @@ class Learner:
     """
 
     def __init__(self, model_path: str | Path, cfg: LearnerConfig | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         self.cfg = cfg or LearnerConfig()
         self.model_path = str(model_path)
         self.device = _resolve_device(self.cfg.device)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=getattr(torch, self.cfg.dtype))
-        except (OSError, ValueError) as e:
-            raise LearnerError(f"cannot load the policy model from {self.model_path}: {e}. "
-                               "Give a Hugging Face model folder (see rollout/model.py).") from None
-        if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-        self.pad_token_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                             else self.tokenizer.eos_token_id)
+        model, self.tokenizer, self.pad_token_id = load_policy(self.model_path, self.cfg)
         self.version = 0
         model.to(self.device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
@@ -394,11 +487,7 @@ class Learner:
                                      "backend": self.cfg.backend})
         except TypeError as e:
             raise LearnerError(f"checkpoint extra state is not JSON-serialisable: {e}") from None
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = folder.parent / f".{folder.name}.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
+        tmp = fresh_sibling(folder)
         if self._engine is not None:
             self._engine.save_checkpoint(str(tmp), tag="ckpt")
         else:
@@ -407,15 +496,7 @@ class Learner:
             save_file(self.weights_for_sync(), str(tmp / WEIGHTS_FILE))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / STATE_FILE).write_text(state_json)
-        old = folder.parent / f".{folder.name}.old"
-        if folder.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            folder.rename(old)
-        tmp.rename(folder)
-        if old.exists():
-            shutil.rmtree(old)
-        return folder
+        return swap_into_place(tmp, folder)
 
     def load_checkpoint(self, folder: str | Path) -> dict[str, Any]:
         """Restore a ``save_checkpoint`` folder; return the caller's ``extra`` dict.
@@ -424,13 +505,7 @@ class Learner:
             LearnerError: no checkpoint there, or it was written by the other backend.
         """
         folder = Path(folder)
-        if not (folder / STATE_FILE).is_file():
-            raise LearnerError(f"{folder} holds no checkpoint ({STATE_FILE} missing)")
-        state = json.loads((folder / STATE_FILE).read_text())
-        if state.get("backend") != self.cfg.backend:
-            raise LearnerError(f"checkpoint {folder} was written by backend "
-                               f"{state.get('backend')}, this learner uses {self.cfg.backend}; "
-                               "resume with the same learner.backend")
+        state = checkpoint_state(folder, self.cfg.backend)
         if self._engine is not None:
             self._engine.load_checkpoint(str(folder), tag="ckpt")
         else:

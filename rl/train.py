@@ -30,6 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def _register_errors() -> None:
     from agents.client import AgentClientError
     from rl.data.base import DataError
+    from rl.distributed import RankError
     from rl.grpo import GRPOError
     from rl.learner import LearnerError
     from rl.mixture import MixtureError
@@ -38,8 +39,8 @@ def _register_errors() -> None:
     from rollout.weight_sync import WeightSyncError
     from sandbox import SandboxError
 
-    for e in (AgentClientError, DataError, GRPOError, LearnerError, MixtureError, RewardError,
-              TrainerError, WeightSyncError, SandboxError):
+    for e in (AgentClientError, DataError, GRPOError, LearnerError, MixtureError, RankError,
+              RewardError, TrainerError, WeightSyncError, SandboxError):
         register_user_error(e)
 
 
@@ -74,8 +75,9 @@ def repo_path(p: str | os.PathLike) -> Path:
 
 
 async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, reward_cfg: dict,
-                run_dir: Path, console: Console) -> list[dict]:
-    """Build the trainer's parts around a running stack and train; returns the metrics."""
+                run_dir: Path, console: Console, group=None) -> list[dict]:
+    """Build the trainer's parts around a running stack and train; returns the metrics.
+    ``group``: the learner's ranks (``rl.distributed.RankGroup``) when it is sharded."""
     import httpx
     import wandb
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -84,7 +86,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from agents.client import AgentServerClient
     from rollout.client import ModelClient
     from rl.data.agent_tasks import AgentTaskSource
-    from rl.learner import Learner, learner_config
+    from rl.learner import learner_config, make_learner
     from rl.mixture import MixtureLedger
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
@@ -106,7 +108,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     ledger = MixtureLedger(tcfg.rho)
     rewards = RewardPool(reward_cfg, stack.model_path)
     console.print("loading the learner ...")
-    learner = await asyncio.to_thread(Learner, stack.model_path, learner_config(tcfg))
+    learner = await asyncio.to_thread(make_learner, stack.model_path, learner_config(tcfg), group)
     keep_last = int(tcfg.checkpoint_keep_last)
     disk = learner.disk_estimate(keep_last)
     gb = 1e9
@@ -277,6 +279,7 @@ def validate_job_cfg(cfg: DictConfig):
 
     check_model_path_given(cfg.model)
     validate_trainer_cfg(cfg.trainer)
+    check_learner_ranks(cfg)
     validate_engine_cfg(cfg.engine)
     check_router_cfg(cfg.router)
     placement = job_gpu_placement(cfg)
@@ -307,6 +310,25 @@ def validate_job_cfg(cfg: DictConfig):
                 f"(trainer.learner.gpus={tcfg.learner.get('gpus')}; "
                 "cuda:0 is the learner's): add a GPU there or use a lower index")
     return placement
+
+
+def check_learner_ranks(cfg: DictConfig) -> None:
+    """The launcher's ranks fit ``trainer.learner`` (``rl.distributed.check_learner_ranks``),
+    and several ranks on GPUs have the engines elsewhere (``engine.urls``): each rank takes
+    ``cuda:LOCAL_RANK``, which would be an engine's GPU on this node.
+
+    Raises:
+        RankError, ConfigError: the message names the key.
+    """
+    from rl.distributed import check_learner_ranks as check, rank_from_env
+
+    info = rank_from_env()
+    lcfg = cfg.trainer.learner
+    check(lcfg.get("world_size"), str(lcfg.backend), info)
+    if info.world_size > 1 and cfg.engine.kind == "gpu" and not cfg.engine.urls:
+        raise ConfigError(f"{info.world_size} learner ranks on GPUs with engines started here: "
+                          "each rank uses cuda:LOCAL_RANK; run the engines on other nodes and "
+                          "give engine.urls=[...] engine.kv_event_endpoints=[...]")
 
 
 def validate_trainer_cfg(tcfg: DictConfig) -> None:
@@ -355,9 +377,30 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
 
 @hydra_entry("train")
 def main(cfg: DictConfig) -> None:
+    from rl.distributed import RankGroup, rank_from_env, worker_main
+
     stop_on_sigterm()
     _register_errors()
+    info = rank_from_env()
+    lcfg = cfg.trainer.learner
+    if info.rank > 0:  # a learner rank under torchrun: it only trains, on rank 0's commands
+        sys.exit(worker_main(info, str(lcfg.device), float(lcfg.collective_timeout_s)))
     placement = validate_job_cfg(cfg)
+    group = None
+    if info.world_size > 1 or lcfg.backend == "fsdp":
+        # joined before the engines start, so the other ranks' rendezvous does not wait on them
+        on_gpu = cfg.engine.kind == "gpu" and str(lcfg.device) != "cpu"
+        group = RankGroup(info, "nccl" if on_gpu else "gloo", float(lcfg.collective_timeout_s))
+        group.publish("run_dir", str(Path(cfg.run_dir).resolve()))
+    try:
+        _main(cfg, placement, group)
+    finally:
+        if group is not None:
+            group.post("stop")
+            group.close()
+
+
+def _main(cfg: DictConfig, placement, group) -> None:
     from agents.client import launch_agent_server
 
     console = Console()
@@ -389,7 +432,7 @@ def main(cfg: DictConfig) -> None:
                 if cfg.agents.tasks_path:
                     overrides.append(f"tasks_path={repo_path(cfg.agents.tasks_path)}")
                 _, agent_url = services.enter_context(launch_agent_server(run_dir / "logs", overrides))
-            history = asyncio.run(train(cfg, stack, agent_url, reward_cfg, run_dir, console))
+            history = asyncio.run(train(cfg, stack, agent_url, reward_cfg, run_dir, console, group))
     console.print(summary_table(history, title=f"{cfg.recipe.name} / router={cfg.router.get('policy')}"))
     for p in plot_run(history, dict(cfg.trainer.rho), run_dir / "plots"):
         console.print(f"plot: {p}")

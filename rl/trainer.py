@@ -324,6 +324,8 @@ class Trainer:
             report = await asyncio.to_thread(self.weight_sync.sync, self.learner.save_weights,
                                              self.learner.version)
             sync = report.as_metrics()
+            # a sharded learner's gather: time, buckets, peak memory per rank
+            sync.update({f"gather/{k}": v for k, v in getattr(self.learner, "last_sync_stats", {}).items()})
         return {"update_s": update_s, "step": step, "sync": sync,
                 "trained_units": len(used), "groups": len(batch),
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,

@@ -95,6 +95,8 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
     ("trainer.loss.eps_low=abc", "wrong type"),
     ("trainer.iterations=0", "trainer.iterations=0"),
     ("trainer.agent_timeout_s=0", "trainer.agent_timeout_s=0: give a number of seconds > 0"),
+    ("trainer.learner.world_size=2", "trainer.learner.world_size=2, but the launcher started 1"),
+    ("trainer.learner.sync_bucket_mb=0", "learner.sync_bucket_mb and learner.collective_timeout_s"),
     ("trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl",
      "trainer.domains.rlvr.gsm8k: GSM8K file /nonexistent/train.jsonl does not exist"),
 ])
@@ -228,3 +230,29 @@ def test_engines_without_kv_events_give_the_router_no_endpoint_list():
     assert EnginePool([EngineHandle(0, "http://127.0.0.1:9", None)]).kv_events_endpoints == []
     pool = EnginePool([EngineHandle(0, "http://a:1", "tcp://a:2"), EngineHandle(1, "http://b:1", "tcp://b:2")])
     assert pool.kv_events_endpoints == ["tcp://a:2", "tcp://b:2"]
+
+
+def test_sharded_32b_recipe_passes_every_check_the_job_runs_before_engines_start(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rl.learner import learner_config
+    from rl.train import validate_job_cfg
+
+    monkeypatch.setenv("WORLD_SIZE", "48")  # rank 0 of torchrun --nnodes 6 --nproc-per-node 8
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 8)
+    urls = [f"http://r{i}:8000" for i in range(1, 5)]
+    events = [f"tcp://r{i}:5557" for i in range(1, 5)]
+    cfg = compose("train", ["recipe=sharded_32b", "model.path=/tmp/x", "run_dir=runs/test",
+                            f"engine.urls=[{','.join(urls)}]",
+                            f"engine.kv_event_endpoints=[{','.join(events)}]",
+                            "trainer.weight_sync.nccl_master_address=node0"])
+    validate_job_cfg(cfg)
+    learner = learner_config(OmegaConf.to_container(cfg.trainer, resolve=True))
+    assert (learner.backend, learner.world_size, learner.dtype) == ("fsdp", 48, "bfloat16")
+    monkeypatch.setenv("WORLD_SIZE", "16")  # launched on 2 nodes instead: refused, key named
+    from rl.distributed import RankError
+
+    with pytest.raises(RankError, match="trainer.learner.world_size=48, but the launcher started 16"):
+        validate_job_cfg(cfg)

@@ -1,0 +1,385 @@
+"""The learner's ranks: process group, commands from rank 0, liveness, the worker loop.
+
+Ranks come from an existing launcher (``torchrun``: RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT); this module never starts processes. Rank 0 is the
+orchestrator (sampler, release, router, weight sync, metrics); every other rank only
+trains, inside ``worker_loop``:
+
+    rank 0                                   rank r > 0
+    RankGroup.init()  ---- rendezvous ----   RankGroup.init()
+    post("build", ...) -> store key          next_command() (polls the store)
+    collective body (scatter, FSDP)  <---->  same body, same order
+    post("stop")                             returns
+
+A command is a small picklable ``(name, args)`` written under a numbered key of the
+launcher's TCP store; bulk data (the step's samples) travels inside the command's
+collective body (``scatter_object_list``). Workers wait on the store, not on a
+collective, because the wait between two steps lasts as long as the rollouts (minutes
+to hours) while collectives run under a bounded timeout (``collective_timeout_s``), so
+a rank that hangs fails the job instead of blocking it forever.
+
+Liveness: every rank bumps a heartbeat counter in the store every ``HEARTBEAT_S``. When
+a collective fails on rank 0, ``diagnose`` names the rank whose counter stopped (or who
+wrote its error line) and its log, in one line. A worker whose orchestrator stops beating
+(or whose store vanished) exits with one line too. Under torchrun the agent then stops the
+remaining processes; rank 0 stops the engines it started on its way out.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Sequence
+
+HEARTBEAT_S = 1.0  # how often each rank bumps its counter
+DEAD_AFTER_S = 6.0  # a counter unchanged this long = that rank is gone (several missed beats)
+COMMAND_POLL_S = 0.05  # a worker's store poll for the next command (latency of each command)
+_PREFIX = "misa-rl/"
+
+
+class RankError(RuntimeError):
+    """A learner rank failed, died or cannot join; the message names the rank and its log."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place among the learner ranks (from the launcher's environment).
+
+    Attributes:
+        rank: global rank, 0 = the orchestrator.
+        world_size: number of learner ranks (1 without a launcher).
+        local_rank: index on this node (the GPU it uses).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_orchestrator(self) -> bool:
+        return self.rank == 0
+
+
+def rank_from_env(env: dict[str, str] | None = None) -> RankInfo:
+    """``RankInfo`` from RANK / WORLD_SIZE / LOCAL_RANK (torchrun sets them); all absent
+    = one rank.
+
+    Raises:
+        RankError: a value is not a whole number, or RANK is outside [0, WORLD_SIZE).
+    """
+    env = os.environ if env is None else env
+    try:
+        info = RankInfo(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
+                        int(env.get("LOCAL_RANK", 0)))
+    except ValueError:
+        raise RankError(f"RANK={env.get('RANK')!r} WORLD_SIZE={env.get('WORLD_SIZE')!r}: the "
+                        "launcher's rank variables must be whole numbers") from None
+    if info.world_size < 1 or not 0 <= info.rank < info.world_size:
+        raise RankError(f"RANK={info.rank} with WORLD_SIZE={info.world_size}: need "
+                        "0 <= RANK < WORLD_SIZE (start the ranks with torchrun)")
+    return info
+
+
+def token_balanced_partition(num_tokens: Sequence[int], num_ranks: int) -> list[list[int]]:
+    """Split samples over ranks so every rank gets about the same number of tokens.
+
+    Greedy longest-first (LPT): samples in decreasing length, each to the rank holding the
+    fewest tokens so far (ties: fewer samples, then lower rank). The largest rank total is
+    at most 4/3 of the optimum (Graham 1969), and within one sample of the mean.
+
+    Args:
+        num_tokens: tokens (prompt + completion) of each sample.
+        num_ranks: ranks to fill.
+
+    Returns:
+        one list of sample indices per rank, each in increasing index order (a rank may get
+        none when there are fewer samples than ranks).
+    """
+    load = [0] * num_ranks
+    parts: list[list[int]] = [[] for _ in range(num_ranks)]
+    for i in sorted(range(len(num_tokens)), key=lambda i: (-num_tokens[i], i)):
+        r = min(range(num_ranks), key=lambda r: (load[r], len(parts[r]), r))
+        parts[r].append(i)
+        load[r] += num_tokens[i]
+    return [sorted(p) for p in parts]
+
+
+def check_learner_ranks(world_size: int | None, backend: str, info: RankInfo) -> None:
+    """Refuse, before anything starts, a learner config that does not fit the launcher's
+    ranks: ``trainer.learner.world_size`` other than WORLD_SIZE, or several ranks with a
+    backend that trains in one rank.
+
+    Raises:
+        RankError: the message names the key and the launch command.
+    """
+    if world_size is not None and world_size != info.world_size:
+        hint = (f"start it with torchrun --nproc-per-node {world_size} -m rl.train ..."
+                if info.world_size == 1 else "or set trainer.learner.world_size=null")
+        raise RankError(f"trainer.learner.world_size={world_size}, but the launcher started "
+                        f"{info.world_size} rank(s) (WORLD_SIZE): {hint}")
+    if info.world_size > 1 and backend == "deepspeed":
+        raise RankError(f"{info.world_size} learner ranks with trainer.learner.backend=deepspeed "
+                        "(ZeRO 1/2 in one rank here): set trainer.learner.backend=fsdp")
+
+
+class RankGroup:
+    """The learner's process group plus the command channel and heartbeats.
+
+    Args:
+        info: this rank (``rank_from_env``).
+        backend: ``gloo`` (CPU) or ``nccl`` (GPU).
+        collective_timeout_s: bound on any one collective (a rank that hangs or died fails
+            the job after at most this long; a dead peer usually fails it at once).
+        log_path: this rank's log file (reported when it fails).
+    """
+
+    def __init__(self, info: RankInfo, backend: str, collective_timeout_s: float,
+                 log_path: str | None = None):
+        import torch.distributed as dist
+
+        self.info = info
+        self.backend = backend
+        self.timeout_s = float(collective_timeout_s)
+        self.log_path = log_path
+        self._seq = 0
+        self._stopped = threading.Event()
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            if "MASTER_PORT" not in os.environ:
+                if info.world_size > 1:
+                    raise RankError("MASTER_PORT is not set: start the learner ranks with torchrun "
+                                    "(torchrun --nproc-per-node N -m rl.train ...)")
+                from rollout.process import free_port
+                os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
+            os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size),
+                              LOCAL_RANK=str(info.local_rank))
+            dist.init_process_group(backend, timeout=timedelta(seconds=self.timeout_s))
+        self.store = self._client()
+        self._beat_store = self._client()
+        self.set_log(log_path)
+        self._beat = threading.Thread(target=self._heartbeat, name="rank-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _client(self):
+        from torch.distributed import TCPStore
+
+        return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                        is_master=False, timeout=timedelta(seconds=max(self.timeout_s, 30.0)),
+                        wait_for_workers=False)
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    def _heartbeat(self) -> None:
+        key = f"{_PREFIX}beat/{self.info.rank}"
+        while not self._stopped.wait(HEARTBEAT_S):
+            try:
+                self._beat_store.add(key, 1)
+            except Exception:  # the store is gone: the job is ending; the main thread reports
+                return
+
+    # ------------------------------------------------------------------ commands
+
+    def post(self, name: str, *args: Any) -> None:
+        """Rank 0: tell the workers to run command ``name(*args)`` next."""
+        assert self.info.is_orchestrator
+        self._seq += 1
+        if self.world_size > 1:
+            self.store.set(f"{_PREFIX}cmd/{self._seq}", pickle.dumps((name, args)))
+
+    def next_command(self) -> tuple[str, tuple]:
+        """Worker: block until rank 0 posts the next command; return ``(name, args)``.
+
+        Raises:
+            RankError: rank 0 stopped beating for ``DEAD_AFTER_S`` or its store is gone.
+        """
+        self._seq += 1
+        key = f"{_PREFIX}cmd/{self._seq}"
+        last, since = None, time.monotonic()
+        while True:
+            try:
+                if self.store.check([key]):  # (a timed-out store.wait logs a warning each time)
+                    return pickle.loads(self.store.get(key))
+            except Exception as e:  # the store is gone with rank 0
+                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) is gone "
+                                f"({type(e).__name__}); stopping") from None
+            beat = self._counter(0)
+            if beat != last:
+                last, since = beat, time.monotonic()
+            elif time.monotonic() - since > DEAD_AFTER_S:
+                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
+                                f"beating {DEAD_AFTER_S:.0f} s ago; stopping")
+            time.sleep(COMMAND_POLL_S)
+
+    def _counter(self, rank: int) -> int | None:
+        key = f"{_PREFIX}beat/{rank}"
+        try:
+            return int(self.store.add(key, 0))
+        except Exception:
+            return None
+
+    def report_error(self, line: str) -> None:
+        """Worker: leave one line for rank 0 to report before this rank exits."""
+        try:
+            self.store.set(f"{_PREFIX}error/{self.rank}", line.encode())
+        except Exception:
+            pass
+
+    def diagnose(self, exc: BaseException, during: str) -> RankError:
+        """Rank 0, after a collective failed: which worker failed, in one line.
+
+        A worker that wrote an error line is named with it; otherwise the rank whose
+        heartbeat stops within ``DEAD_AFTER_S`` (a killed process); otherwise the
+        collective's own error (a hang that hit ``collective_timeout_s``).
+        """
+        deadline = time.monotonic() + DEAD_AFTER_S
+        first = {r: self._counter(r) for r in range(1, self.world_size)}
+        while True:
+            for r in range(1, self.world_size):
+                err = self._get(f"{_PREFIX}error/{r}")
+                if err is not None:
+                    return RankError(f"learner rank {r} failed during {during}: {err.decode()} "
+                                     f"(its log: {self._log_of(r)})")
+            if time.monotonic() > deadline:
+                break
+            time.sleep(HEARTBEAT_S)
+        dead = [r for r in first if self._counter(r) == first[r]]
+        if dead:
+            r = dead[0]
+            return RankError(f"learner rank {r} died during {during} (no heartbeat for "
+                             f"{DEAD_AFTER_S:.0f} s; its log: {self._log_of(r)})")
+        return RankError(f"learner collective failed during {during} with every rank alive "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                         "a rank may be stuck: see the learner-rank logs")
+
+    def publish(self, key: str, value: str) -> None:
+        """Rank 0: make ``value`` readable by every rank (``fetch``)."""
+        self.store.set(f"{_PREFIX}value/{key}", value.encode())
+
+    def fetch(self, key: str) -> str:
+        """The value rank 0 ``publish``-ed under ``key``, waiting for it while rank 0 beats.
+
+        Raises:
+            RankError: rank 0 stopped beating first.
+        """
+        full = f"{_PREFIX}value/{key}"
+        last, since = None, time.monotonic()
+        while True:
+            raw = self._get(full)
+            if raw is not None:
+                return raw.decode()
+            beat = self._counter(0)
+            if beat != last:
+                last, since = beat, time.monotonic()
+            elif time.monotonic() - since > DEAD_AFTER_S:
+                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
+                                f"beating before it published {key!r}; stopping")
+            time.sleep(HEARTBEAT_S / 2)
+
+    def set_log(self, log_path: str) -> None:
+        """Record where this rank logs (named when it fails)."""
+        self.log_path = log_path
+        self.store.set(f"{_PREFIX}info/{self.rank}", pickle.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "log": log_path}))
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            if self.store.check([key]):
+                return self.store.get(key)
+        except Exception:
+            pass
+        return None
+
+    def _log_of(self, rank: int) -> str:
+        raw = self._get(f"{_PREFIX}info/{rank}")
+        if raw is None:
+            return "unknown"
+        info = pickle.loads(raw)
+        return f"{info['host']}:{info['log']}" if info.get("log") else f"{info['host']} pid {info['pid']}"
+
+    def close(self) -> None:
+        """Stop the heartbeat and leave the process group."""
+        import torch.distributed as dist
+
+        self._stopped.set()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def redirect_output(log_path: Path) -> None:
+    """Send this process's stdout and stderr (Python's and the C++ libraries') to
+    ``log_path``: a worker rank's output goes to its log, not the orchestrator's console."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def worker_loop(group: RankGroup, learner_factory) -> int:
+    """Run rank 0's commands on this worker rank until ``stop``; return the exit status.
+
+    Commands: ``build(args)`` -> ``learner_factory(group, *args)`` (collective), then any
+    public collective method of the learner by name (``step``, ``log_probs``,
+    ``save_weights``, ``save_checkpoint``, ``load_checkpoint``), and ``stop``.
+    A failure is written to the store for rank 0 to report, and gives exit status 1.
+    """
+    learner = None
+    name = "startup"
+    try:
+        while True:
+            name, args = group.next_command()
+            if name == "stop":
+                return 0
+            if name == "build":
+                learner = learner_factory(group, *args)
+            elif learner is None:
+                raise RankError(f"command {name!r} before build")
+            else:
+                learner.run_command(name, args)
+    except RankError as e:
+        print(str(e), flush=True)
+        return 1
+    except BaseException as e:  # noqa: BLE001 - reported to rank 0, then this rank exits
+        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        group.report_error(f"{line} (in {name})")
+        import traceback
+
+        traceback.print_exc()
+        return 1
+
+
+def worker_main(info: RankInfo, device: str, collective_timeout_s: float) -> int:
+    """A worker rank of ``python -m rl.train``: join the group, log to
+    ``<run_dir>/logs/learner-rank<r>.log`` (the run folder rank 0 publishes), then
+    ``worker_loop`` with the sharded learner. Returns the exit status."""
+    import torch
+
+    from rl.sharded_learner import ShardedLearner
+
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    group = RankGroup(info, "nccl" if on_gpu else "gloo", collective_timeout_s)
+    try:
+        log = Path(group.fetch("run_dir")) / "logs" / f"learner-rank{info.rank}.log"
+        redirect_output(log)
+        group.set_log(str(log))
+        return worker_loop(group, lambda g, path, cfg: ShardedLearner(g, path, cfg))
+    except RankError as e:
+        print(e, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        group.close()

@@ -1,0 +1,84 @@
+"""One learner rank of a test scenario (run by tests/rl/test_sharded_learner.py with the
+launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+    python tests/rl/sharded_ranks.py train|resume|steps WORKDIR MODEL_DIR
+
+Rank 0 drives a ``ShardedLearner`` and writes its results into WORKDIR; the other ranks
+run ``rl.distributed.worker_loop`` (logs: WORKDIR/rank<r>.log).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+
+from rl.distributed import RankError, RankGroup, rank_from_env, redirect_output, worker_loop
+from rl.learner import LearnerConfig
+from rl.sharded_learner import ShardedLearner
+
+
+class ProbeLearner(ShardedLearner):
+    """``ShardedLearner`` plus one command for the test: the full (unsharded) model and
+    optimizer state dicts on rank 0, through DCP's own gather (not the sync's)."""
+
+    _COMMANDS = {**ShardedLearner._COMMANDS, "full_state": "_full_state"}
+
+    def full_state(self):
+        return self._collective("full_state")
+
+    def _full_state(self):
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {"model": get_model_state_dict(self.model, options=opts),
+                "optim": get_optimizer_state_dict(self.model, self.optimizer, options=opts)}
+
+
+def main() -> int:
+    scenario, work, model_dir = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    info = rank_from_env()
+    log = work / f"rank{info.rank}.log"
+    if info.rank > 0:
+        redirect_output(log)
+    group = RankGroup(info, "gloo", collective_timeout_s=60, log_path=str(log))
+    cfg = LearnerConfig(device="cpu", lr=1e-3, micro_batch_size=2, sync_bucket_mb=0.1)
+    if info.rank > 0:
+        return worker_loop(group, lambda g, path, c: ProbeLearner(g, path, c))
+    group.post("build", model_dir, cfg)
+    torch.manual_seed(0)
+    learner = ProbeLearner(group, model_dir, cfg)
+    samples = pickle.loads((work / "samples.pkl").read_bytes())
+    try:
+        if scenario == "train":
+            learner.save_weights(work / "w0")
+            logp = learner.log_probs(samples)
+            stats = learner.step(samples)
+            learner.save_weights(work / "w1")
+            torch.save(learner.full_state(), work / "full.pt")
+            learner.save_checkpoint(work / "ckpt", extra={"sampler": {"num_groups": 3}})
+            (work / "stats.json").write_text(json.dumps({"step": stats, "log_probs": logp,
+                                                         "sync": learner.last_sync_stats}))
+        elif scenario == "resume":
+            extra = learner.load_checkpoint(work / "ckpt")
+            torch.save(learner.full_state(), work / f"resumed{info.world_size}.pt")
+            (work / f"resumed{info.world_size}.json").write_text(json.dumps(
+                {"extra": extra, "version": learner.version}))
+        elif scenario == "steps":  # until a rank dies
+            (work / "stepping").write_text("1")
+            while True:
+                learner.step(samples)
+    except RankError as e:  # as rl.train's entry point shows it: one line
+        print(e, file=sys.stderr)
+        return 1
+    finally:
+        learner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

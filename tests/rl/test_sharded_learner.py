@@ -1,0 +1,216 @@
+"""The sharded learner (rl/sharded_learner.py, FSDP2) on 2 gloo ranks against the
+one-process learner, on a tiny Llama (2 layers, hidden 64, vocab 512, tied embeddings).
+
+Ranks are separate processes started as a launcher would (RANK / WORLD_SIZE /
+MASTER_ADDR / MASTER_PORT on 127.0.0.1), running tests/rl/sharded_ranks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rl.distributed import RankError, rank_from_env, token_balanced_partition
+from rl.grpo import TrainSample
+from rl.learner import Learner, LearnerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+RANK_SCRIPT = Path(__file__).with_name("sharded_ranks.py")
+RANK_TIMEOUT_S = 240  # generous: other test runs load this machine
+
+
+def _tiny_model(folder: Path) -> Path:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, 512)}}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<pad>")),
+                                  pad_token="<pad>", eos_token="<eos>")
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _samples(learner: Learner) -> list[TrainSample]:
+    """5 samples of different lengths (so the 2 ranks get different counts and one runs a
+    zero-weight micro-batch), with on-policy old log-probs and a masked-out span."""
+    g = torch.Generator().manual_seed(1)
+    raw = []
+    for i, (p, c) in enumerate([(5, 9), (3, 4), (7, 12), (4, 6), (6, 3)]):
+        ids = torch.randint(2, 512, (p + c,), generator=g).tolist()
+        mask = [1] * c if i != 2 else [1] * 4 + [0] * 3 + [1] * 5
+        raw.append(TrainSample(ids[:p], ids[p:], [0.0] * c, 0.0, loss_mask=mask))
+    old = learner.log_probs(raw)
+    adv = [1.0, -0.5, 0.8, -1.2, 0.3]
+    return [TrainSample(s.prompt_ids, s.completion_ids, lp, a, loss_mask=s.loss_mask)
+            for s, lp, a in zip(raw, old, adv)]
+
+
+def _launch(n: int, scenario: str, work: Path, model: Path) -> list[subprocess.Popen]:
+    from rollout.process import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
+           "WORLD_SIZE": str(n), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return [subprocess.Popen([sys.executable, str(RANK_SCRIPT), scenario, str(work), str(model)],
+                             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(n)]
+
+
+def _wait(procs: list[subprocess.Popen], timeout_s: float = RANK_TIMEOUT_S) -> list[tuple[int, str]]:
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout_s)
+            out.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def _run(n: int, scenario: str, work: Path, model: Path) -> None:
+    for r, (rc, err) in enumerate(_wait(_launch(n, scenario, work, model))):
+        log = work / f"rank{r}.log"
+        assert rc == 0, f"rank {r} exited {rc}: {err[-3000:]} {log.read_text()[-3000:] if log.exists() else ''}"
+
+
+def _folder_weights(folder: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(folder / f)))
+    assert set(out) == set(index["weight_map"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 2-rank run (sync at version 0, one step, sync, checkpoint), and the one-process
+    learner's step on the same batch."""
+    work = tmp_path_factory.mktemp("sharded")
+    model = _tiny_model(work / "model")
+    ref = Learner(model, LearnerConfig(device="cpu", lr=1e-3, micro_batch_size=2))
+    initial = {k: v.clone() for k, v in ref.model.state_dict().items()}
+    samples = _samples(ref)
+    (work / "samples.pkl").write_bytes(pickle.dumps(samples))
+    ref_logp = ref.log_probs(samples)
+    ref_stats = ref.step(samples)
+    _run(2, "train", work, model)
+    return {"work": work, "model": model, "initial": initial, "ref_stats": ref_stats,
+            "ref_logp": ref_logp, "ref_weights": ref.model.state_dict(),
+            **json.loads((work / "stats.json").read_text())}
+
+
+def test_two_ranks_take_the_one_rank_step(trained):
+    # fp32 on CPU: the same sums in another order differ by a few ulp; 1e-5 relative is
+    # far above that and far below any normalisation error (a factor of 2 or 5/3).
+    s, ref = trained["step"], trained["ref_stats"]
+    assert s["ranks"] == 2 and s["num_seqs"] == 5 and s["num_loss_tokens"] == ref["num_loss_tokens"]
+    assert s["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    assert s["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
+    assert s["clip_frac"] == pytest.approx(ref["clip_frac"], abs=1e-6)
+    for a, b in zip(trained["log_probs"], trained["ref_logp"]):
+        assert a == pytest.approx(b, abs=1e-5)
+    # After AdamW (lr 1e-3): where a gradient is near Adam's eps (1e-8), m / (sqrt(v) + eps)
+    # magnifies those ulps, so the weights agree to 1% of one step (1e-5), not to 1e-6.
+    w1 = _folder_weights(trained["work"] / "w1")
+    for k, v in trained["ref_weights"].items():
+        torch.testing.assert_close(w1[k], v, rtol=1e-5, atol=1e-5)
+
+
+def test_ranks_get_balanced_tokens_and_half_the_optimizer_state_each(trained):
+    s = trained["step"]
+    # lengths 14, 7, 19, 10, 9 -> LPT: {19, 9}=28 and {14, 10, 7}=31
+    assert (s["rank_tokens_min"], s["rank_tokens_max"]) == (28.0, 31.0)
+    per_rank = [s["optimizer_state_mib_rank0"], s["optimizer_state_mib_rank1"]]
+    n_params = sum(v.numel() for k, v in trained["initial"].items() if k != "lm_head.weight")
+    full_mib = 2 * 4 * n_params / 2**20  # exp_avg + exp_avg_sq in fp32 (+ tiny step counters)
+    assert sum(per_rank) == pytest.approx(full_mib, rel=0.01)
+    for mib in per_rank:
+        assert mib == pytest.approx(full_mib / 2, rel=0.05)
+    assert s["peak_mem_gib_rank0"] > 0 and s["peak_mem_gib_rank1"] > 0
+    assert trained["sync"]["buckets"] >= 3  # sync_bucket_mb=0.1 against a 0.4 MiB model
+
+
+def test_synced_weights_are_byte_equal_to_the_full_state_dict(trained):
+    work = trained["work"]
+    w0 = _folder_weights(work / "w0")
+    assert set(w0) == set(trained["initial"]) and "lm_head.weight" in w0
+    for k, v in trained["initial"].items():
+        assert torch.equal(w0[k], v), k
+    full = torch.load(work / "full.pt")["model"]
+    w1 = _folder_weights(work / "w1")
+    assert set(w1) == set(full) | {"lm_head.weight"}
+    for k in w1:
+        assert torch.equal(w1[k], full.get(k, full["model.embed_tokens.weight"])), k
+    assert torch.equal(w1["lm_head.weight"], w1["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_checkpoint_of_two_ranks_resumes_on_one_and_two(trained, ranks):
+    work = trained["work"]
+    _run(ranks, "resume", work, trained["model"])
+    saved, resumed = torch.load(work / "full.pt"), torch.load(work / f"resumed{ranks}.pt")
+    assert set(saved["model"]) == set(resumed["model"])
+    for k, v in saved["model"].items():
+        assert torch.equal(resumed["model"][k], v), k
+    so, ro = saved["optim"]["state"], resumed["optim"]["state"]
+    assert set(so) == set(ro) and so
+    for k in so:
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(torch.as_tensor(ro[k][field]), torch.as_tensor(so[k][field])), (k, field)
+    meta = json.loads((work / f"resumed{ranks}.json").read_text())
+    assert meta == {"extra": {"sampler": {"num_groups": 3}}, "version": 1}
+
+
+def test_a_rank_killed_mid_step_fails_the_job_with_one_line(trained, tmp_path):
+    (tmp_path / "samples.pkl").write_bytes((trained["work"] / "samples.pkl").read_bytes())
+    procs = _launch(2, "steps", tmp_path, trained["model"])
+    try:
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        while not (tmp_path / "stepping").exists():
+            assert time.monotonic() < deadline and procs[0].poll() is None, "rank 0 never stepped"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        (rc0, err0), (rc1, _) = _wait(procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert rc1 == -signal.SIGKILL and rc0 == 1
+    last = err0.strip().splitlines()[-1]
+    assert last.startswith("learner rank 1 died during step"), err0[-2000:]
+    assert str(tmp_path / "rank1.log") in last
+
+
+def test_token_balanced_partition_evens_tokens_over_ranks():
+    # LPT: 9 -> r0, 8 -> r1, 5 -> r1 (8 < 9), 4 -> r0, 1 -> r1 (13 = 13: fewer samples? r0 has 2,
+    # r1 has 2 -> lower rank r0)
+    assert token_balanced_partition([9, 8, 5, 4, 1], 2) == [[0, 3, 4], [1, 2]]
+    assert token_balanced_partition([3], 2) == [[0], []]
+
+
+def test_rank_from_env_refuses_a_rank_outside_the_world():
+    assert rank_from_env({}).world_size == 1
+    assert rank_from_env({"RANK": "1", "WORLD_SIZE": "2"}).rank == 1
+    with pytest.raises(RankError, match="RANK=2 with WORLD_SIZE=2"):
+        rank_from_env({"RANK": "2", "WORLD_SIZE": "2"})
