@@ -16,6 +16,20 @@ from rl.config import compose
 
 SERVED_NAME = "smollm2-135m"
 
+TESTS_DIR = Path(__file__).resolve().parent
+GSM8K_TINY = TESTS_DIR / "data" / "gsm8k_tiny.jsonl"
+"""Three made-up problems in GSM8K's format, for the parsing tests."""
+SHARED_GSM8K = TESTS_DIR.parent.parent / "shared" / "data" / "gsm8k"
+"""The real GSM8K files, beside the repository as the README says (``../shared``)."""
+
+
+@pytest.fixture
+def real_gsm8k_dir() -> Path:
+    """``SHARED_GSM8K``; the test is skipped (reason given) where it is absent."""
+    if not (SHARED_GSM8K / "test.jsonl").is_file():
+        pytest.skip(f"the real GSM8K files are not at {SHARED_GSM8K} (../shared beside the repository)")
+    return SHARED_GSM8K
+
 
 @pytest.fixture(scope="session")
 def train_cfg():
