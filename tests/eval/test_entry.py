@@ -13,6 +13,7 @@ import pytest
 
 from rl.config import compose
 from rl.eval import run
+from tests.conftest import GSM8K_TINY
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,6 +95,8 @@ def test_bad_request_seeds_value_is_a_clear_error():
 
 
 def _eval(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    if not any(a.startswith("eval.benchmarks.gsm8k.path=") for a in args):
+        args = (*args, f"eval.benchmarks.gsm8k.path={GSM8K_TINY}")  # the real one is outside the repository
     return subprocess.run([sys.executable, "-m", "rl.eval", f"run_dir={tmp_path}", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
 
