@@ -21,6 +21,9 @@ GSM8K_TINY = TESTS_DIR / "data" / "gsm8k_tiny.jsonl"
 """Three made-up problems in GSM8K's format, for the parsing tests."""
 SHARED_GSM8K = TESTS_DIR.parent.parent / "shared" / "data" / "gsm8k"
 """The real GSM8K files, beside the repository as the README says (``../shared``)."""
+GSM8K_TINY_OVERRIDE = f"trainer.domains.rlvr.gsm8k.path={GSM8K_TINY}"
+"""For commands and configs whose pre-start checks read the GSM8K file: the fixture, so a
+clone without ``../shared`` runs them."""
 
 
 @pytest.fixture
@@ -34,7 +37,7 @@ def real_gsm8k_dir() -> Path:
 @pytest.fixture(scope="session")
 def train_cfg():
     """The default composed config (recipe=mixed_step router=misa-t), unresolved run_dir."""
-    return compose("train", ["run_dir=runs/test"])
+    return compose("train", ["run_dir=runs/test", GSM8K_TINY_OVERRIDE])
 
 
 @pytest.fixture(scope="session")

@@ -11,16 +11,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from rl.config import ConfigError, compose
-from tests.conftest import GSM8K_TINY
-
-
-# The real GSM8K file lies outside the repository; the job's pre-start checks read it.
-_TINY_GSM8K = f"trainer.domains.rlvr.gsm8k.path={GSM8K_TINY}"
+from tests.conftest import GSM8K_TINY_OVERRIDE
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     if not any(a.startswith("trainer.domains.rlvr.gsm8k.path=") for a in args):
-        args = (*args, _TINY_GSM8K)
+        args = (*args, GSM8K_TINY_OVERRIDE)
     return subprocess.run([sys.executable, "-m", "rl.train", *args], capture_output=True,
                           text=True, timeout=120)
 
@@ -116,7 +112,7 @@ def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, overrid
 
 def _gpu(*overrides: str):
     return compose("train", ["recipe=mixed_step_gpu", "model.path=/tmp/x", "run_dir=runs/test",
-                             _TINY_GSM8K, *overrides])
+                             GSM8K_TINY_OVERRIDE, *overrides])
 
 
 def test_gpu_recipe_passes_every_check_the_job_runs_before_engines_start(monkeypatch):

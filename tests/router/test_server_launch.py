@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from rl.config import RECIPES_DIR
 from router.launch import REPO_ROOT, router_argv, start_router
+from tests.conftest import GSM8K_TINY_OVERRIDE
 from tests.router.fake_engine import running_engines
 
 
@@ -133,7 +134,7 @@ def test_check_router_cfg_refuses_what_would_fail_after_engines_started(monkeypa
     ("+router.params.k_quantile=0", 1, "k_quantile must be in (0, 1]"),
 ])
 def test_training_job_refuses_a_bad_router_option_before_starting_anything(override, code, expected):
-    run = subprocess.run([sys.executable, "-m", "rl.train", override], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "rl.train", override, GSM8K_TINY_OVERRIDE], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=120)
     assert run.returncode == code, run.stderr
     assert expected in run.stderr and "Traceback" not in run.stderr + run.stdout
