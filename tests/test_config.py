@@ -16,7 +16,7 @@ from tests.conftest import GSM8K_TINY_OVERRIDE
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     if not any(a.startswith("trainer.domains.rlvr.gsm8k.path=") for a in args):
-        args = (*args, GSM8K_TINY_OVERRIDE)
+        args = (GSM8K_TINY_OVERRIDE, *args)  # before any --flag
     return subprocess.run([sys.executable, "-m", "rl.train", *args], capture_output=True,
                           text=True, timeout=120)
 
