@@ -42,6 +42,11 @@ class EngineError(RuntimeError):
     """An engine could not be started or reached; the message says which and why."""
 
 
+class EngineStartError(EngineError):
+    """An engine process did not come up, or a running engine did not answer: a failure at
+    run time (exit code 1), not a bad value in the config."""
+
+
 @dataclass
 class EngineHandle:
     """One running engine.
@@ -258,7 +263,7 @@ def wait_until_healthy(url: str, timeout_s: float) -> None:
         except httpx.HTTPError as e:
             last = str(e) or type(e).__name__
         time.sleep(1.0)
-    raise EngineError(f"engine {url} did not answer /health within {timeout_s:.0f} s ({last}). "
+    raise EngineStartError(f"engine {url} did not answer /health within {timeout_s:.0f} s ({last}). "
                       "Check that it is running and reachable from here.")
 
 
@@ -324,7 +329,7 @@ class EnginePool:
                 h.start_s = s
         except ProcessStartError as e:
             pool.stop()
-            raise EngineError(str(e)) from None
+            raise EngineStartError(str(e)) from None
         except BaseException:
             pool.stop()
             raise
