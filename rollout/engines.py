@@ -22,9 +22,12 @@ its ``vllm serve`` entry point cannot find the distribution named ``vllm``
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -206,6 +209,20 @@ def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
     return env
 
 
+def private_temp_env(temp_dir: Path) -> dict[str, str]:
+    """Environment that sends an engine's temporary files to ``temp_dir``.
+
+    vLLM writes its distributed-init file store (``vllm_dist_<hex>``) and its RPC sockets
+    (``ipc://<temp>/<uuid>``) into the system temp folder and leaves them there. In a folder
+    of the pool's own they are removed with it. Torch's compile cache keeps its usual
+    place (``<system temp>/torchinductor_<user>``), so compiled engines reuse it across runs.
+    """
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return {"TMPDIR": str(temp_dir), "VLLM_RPC_BASE_PATH": str(temp_dir),
+            "TORCHINDUCTOR_CACHE_DIR": inductor}
+
+
 def validate_engine_cfg(ecfg: DictConfig) -> None:
     """Check the ``engine`` group's values before anything starts.
 
@@ -271,11 +288,13 @@ class EnginePool:
     """The engines of one job: launched here, or external ones given by URL.
 
     Use as a context manager, or call ``stop()``; stopping ends every process group it
-    started (external engines are left running).
+    started (external engines are left running) and removes ``temp_dir``, the engines'
+    temporary folder (``private_temp_env``).
     """
 
-    def __init__(self, handles: list[EngineHandle]):
+    def __init__(self, handles: list[EngineHandle], temp_dir: Path | None = None):
         self.handles = handles
+        self.temp_dir = temp_dir
 
     @property
     def urls(self) -> list[str]:
@@ -304,6 +323,8 @@ class EnginePool:
             return cls(handles)
 
         handles: list[EngineHandle] = []
+        # A short path: a Unix socket's path is limited to 107 bytes.
+        temp_dir = Path(tempfile.mkdtemp(prefix="misa-rl-engines-"))
         for i in range(int(ecfg.num_engines)):
             port = free_port(ecfg.host)
             kv_port = free_port(ecfg.host) if ecfg.kv_events else None
@@ -312,12 +333,12 @@ class EnginePool:
                 argv=engine_argv(ecfg, model_path, served_name, max_model_len, dtype, port, kv_port),
                 log_path=Path(log_dir) / f"engine-{i}.log",
                 health_url=f"http://{ecfg.host}:{port}/health",
-                env=engine_env(ecfg, i),
+                env={**private_temp_env(temp_dir), **engine_env(ecfg, i)},  # engine.env wins
             )
             handles.append(EngineHandle(
                 i, f"http://{ecfg.host}:{port}",
                 f"tcp://{ecfg.host}:{kv_port}" if kv_port else None, proc))
-        pool = cls(handles)
+        pool = cls(handles, temp_dir)
         try:
             for h in handles:
                 h.process.start()
@@ -341,6 +362,9 @@ class EnginePool:
         if procs:
             with ThreadPoolExecutor(len(procs)) as ex:
                 list(ex.map(lambda p: p.stop(), procs))
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
 
     def __enter__(self) -> "EnginePool":
         return self

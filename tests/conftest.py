@@ -7,6 +7,9 @@ KV cache; it is stopped (whole process group) at the end of the session.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,50 @@ def real_gsm8k_dir() -> Path:
     if not (SHARED_GSM8K / "test.jsonl").is_file():
         pytest.skip(f"the real GSM8K files are not at {SHARED_GSM8K} (../shared beside the repository)")
     return SHARED_GSM8K
+
+
+def _size_bytes(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+def leftovers_message(folder: Path) -> str | None:
+    """What was left in ``folder`` (name and size of each entry), or None when it is empty."""
+    left = sorted(folder.iterdir())
+    if not left:
+        return None
+    listed = ", ".join(f"{p.name} ({_size_bytes(p) / 2**20:.1f} MiB)" for p in left[:20])
+    return (f"the test session left {len(left)} entries in its temp folder: {listed}. Whatever writes "
+            "there (a fixture, the code under test, a process it starts) must remove it.")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_folder(tmp_path_factory):
+    """Everything this session writes through ``tempfile`` (the code under test, the processes
+    it starts, vLLM's files) goes to one folder of its own; at the end, anything left there
+    fails the session (listed with sizes), and the folder is removed.
+
+    pytest's own ``tmp_path`` folders are made first, where pytest keeps them (its
+    retention is set in pyproject.toml). Other sessions on the machine write elsewhere,
+    so only this session's leftovers are counted.
+    """
+    tmp_path_factory.getbasetemp()
+    private = Path(tempfile.mkdtemp(prefix="misa-rl-tests-"))
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(private)
+    try:
+        yield private
+    finally:
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        problem = leftovers_message(private)
+        shutil.rmtree(private, ignore_errors=True)
+    if problem:
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="session")
