@@ -209,6 +209,14 @@ def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
     return env
 
 
+def inductor_cache_dir() -> str:
+    """Torch's compile cache folder: ``TORCHINDUCTOR_CACHE_DIR``, else torch's default
+    ``<system temp>/torchinductor_<user>`` (pinned before a process's temp folder moves,
+    so compiled code is reused across runs)."""
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+
 def private_temp_env(temp_dir: Path) -> dict[str, str]:
     """Environment that sends an engine's temporary files to ``temp_dir``.
 
@@ -217,10 +225,8 @@ def private_temp_env(temp_dir: Path) -> dict[str, str]:
     of the pool's own they are removed with it. Torch's compile cache keeps its usual
     place (``<system temp>/torchinductor_<user>``), so compiled engines reuse it across runs.
     """
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
     return {"TMPDIR": str(temp_dir), "VLLM_RPC_BASE_PATH": str(temp_dir),
-            "TORCHINDUCTOR_CACHE_DIR": inductor}
+            "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
 
 
 def validate_engine_cfg(ecfg: DictConfig) -> None:

@@ -6,16 +6,20 @@ from __future__ import annotations
 import os
 import tempfile
 
-from tests.conftest import leftovers_message
+from tests.conftest import OURS, leftovers_message
 
 
-def test_leftovers_are_listed_with_their_sizes(tmp_path):
-    assert leftovers_message(tmp_path) is None
+def test_leftovers_named_as_the_projects_are_listed_with_their_sizes(tmp_path):
+    assert leftovers_message(tmp_path, OURS) is None
     (tmp_path / "vllm_dist_0123").write_bytes(b"x" * 3 * 2**20)
     (tmp_path / "sandbox-empty-ab").mkdir()
-    message = leftovers_message(tmp_path)
-    assert message.startswith("the test session left 2 entries in its temp folder: ")
+    (tmp_path / "080184a6-c8c5-4071-8186-28cdb0ff3486").write_text("")  # a vLLM RPC socket's name
+    (tmp_path / "tmpepy2zpvdwandb-media").mkdir()  # wandb's, removed at interpreter exit
+    message = leftovers_message(tmp_path, OURS)
+    assert message.startswith("the test session left 3 entries in its temp folder: ")
     assert "sandbox-empty-ab (0.0 MiB)" in message and "vllm_dist_0123 (3.0 MiB)" in message
+    assert "wandb" not in message
+    assert "4 entries" in leftovers_message(tmp_path)
 
 
 def test_the_session_writes_temp_files_into_a_folder_of_its_own(session_temp_folder):
