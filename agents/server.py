@@ -321,7 +321,7 @@ def _is_base_url(v: Any) -> bool:
 
 _WHOLE = number(whole=True, at_least=1)
 
-# The server's own values (agent_server.yaml), checked before it starts (a bad one: exit 1).
+# The server's own values (agent_server.yaml), checked before it starts (a bad one: exit 2).
 VALUE_RULES: dict[str, Rule] = {
     "host": (is_text, "a host name or address, e.g. 127.0.0.1"),
     "port": (number(whole=True, at_least=0, at_most=65535), "a TCP port number (0-65535)"),
@@ -378,8 +378,7 @@ def main() -> None:
     import sys
 
     for error in (AgentServerError, TaskError, SandboxError):
-        register_user_error(error)  # a bad value: exit 1
-    register_user_error(UnknownAgentServerOption, exit_code=2)  # an unknown name, like an unknown key
+        register_user_error(error)  # a bad value or an unknown name: exit 2
 
     @hydra_entry("agent_server")
     def _main(cfg: DictConfig) -> None:

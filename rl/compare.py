@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from rl.config import REPO_ROOT, ConfigError, group_options, hydra_entry
+from rl.config import REPO_ROOT, ConfigError, RunFailedError, group_options, hydra_entry
 from rl.report import run_summary
 
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),
@@ -66,7 +66,7 @@ def main(cfg: DictConfig) -> None:
                 f"seed={cfg.seed}", f"run_dir={out}", *[str(o) for o in cfg.train_overrides]]
         console.print(f"[bold]router={r}[/bold]: {' '.join(argv[1:])}")
         if subprocess.run(argv, cwd=REPO_ROOT).returncode != 0:
-            raise ConfigError(f"the run with router={r} failed; its logs are in {out / 'logs'}")
+            raise RunFailedError(f"the run with router={r} failed; its logs are in {out / 'logs'}")
         histories[r] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         summaries[r] = run_summary(histories[r])
     header, rows = comparison_rows(summaries)

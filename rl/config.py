@@ -3,11 +3,15 @@
 Every entry point (``python -m rl.train``, ``python -m rollout.serve``, ...) is wrapped
 by ``hydra_entry``: before Hydra runs, the command line is composed once here so that a
 mistake (an unknown key, an unknown group option, a malformed override) becomes one
-clear message that lists the valid choices, and exit code 2, instead of a traceback.
-Errors of the project's own parts raised later (engines, model, router, sandbox) are
-caught at the same place and printed as their message alone, with exit code 1 (a bad
-value), or 2 for the types registered as unknown names (a policy option or experiment
-that does not exist: the same mistake as an unknown key).
+clear message that lists the valid choices instead of a traceback. Errors of the
+project's own parts raised later (engines, model, router, sandbox) are caught at the same
+place and printed as their message alone. Every entry point exits with the same codes:
+
+- 2 (``EXIT_USAGE``): the user's mistake in the command or its config, refused before
+  anything starts (an unknown key, option or name, a bad value, a missing file);
+- 1 (``EXIT_FAILURE``): a failure at run time (a process that did not come up, a run that
+  failed; ``RunFailedError`` and the types registered with ``exit_code=EXIT_FAILURE``);
+- 130 for Ctrl-C, 143 for SIGTERM.
 
 Hydra's own flags keep working: ``--cfg job`` (add ``--resolve`` to resolve
 interpolations), ``--help``, ``--info``, ``-m``.
@@ -31,18 +35,29 @@ if not OmegaConf.has_resolver("repo"):
     OmegaConf.register_new_resolver("repo", lambda p: str((REPO_ROOT / str(p)).resolve()))
 
 
+EXIT_USAGE = 2
+"""Exit code of a command refused for the user's mistake in it or in its config."""
+EXIT_FAILURE = 1
+"""Exit code of a command that failed at run time."""
+
+
 class ConfigError(ValueError):
     """The command line or a recipe is invalid; the message lists the valid choices."""
 
 
-# Errors a user can cause, printed at the entry point without a traceback, with their
-# exit code. Each part registers its exception types with ``register_user_error``.
-_USER_ERRORS: dict[type[BaseException], int] = {ConfigError: 1}
+class RunFailedError(RuntimeError):
+    """A command that had started failed (a child run, a process); exit code 1."""
 
 
-def register_user_error(exc_type: type[BaseException], exit_code: int = 1) -> type[BaseException]:
-    """Mark ``exc_type`` as a user-facing error: entry points print its message and exit
-    with ``exit_code``: 1 for a bad value, 2 for an unknown name (as for an unknown key).
+# Errors printed at the entry point without a traceback, with their exit code. Each part
+# registers its exception types with ``register_user_error``.
+_USER_ERRORS: dict[type[BaseException], int] = {ConfigError: EXIT_USAGE, RunFailedError: EXIT_FAILURE}
+
+
+def register_user_error(exc_type: type[BaseException], exit_code: int = EXIT_USAGE) -> type[BaseException]:
+    """Mark ``exc_type`` as an error entry points print as its message alone, exiting with
+    ``exit_code``: ``EXIT_USAGE`` (2, the default) for a mistake in the command or its
+    config, ``EXIT_FAILURE`` (1) for a failure at run time.
 
     A subclass registered with its own code takes precedence over its base class.
     """
@@ -107,10 +122,11 @@ def _keys_at(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:
     return ".".join(path), sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
 
 
-def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+def compose(config_name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False) -> DictConfig:
     """Compose ``recipes/<config_name>.yaml`` with command-line ``overrides``.
 
-    Returns the composed config (interpolations not yet resolved), in struct mode.
+    Returns the composed config (interpolations not yet resolved), in struct mode; with
+    ``return_hydra_config``, Hydra's own settings too (under ``hydra``).
 
     Raises:
         ConfigError: an override names an unknown key or group option, or is malformed;
@@ -126,7 +142,8 @@ def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     try:
         with initialize_config_dir(config_dir=str(RECIPES_DIR), version_base=None):
             try:
-                return hydra_compose(config_name=config_name, overrides=overrides)
+                return hydra_compose(config_name=config_name, overrides=overrides,
+                                     return_hydra_config=return_hydra_config)
             except MissingConfigException as e:
                 raise ConfigError(_missing_option_message(e, overrides)) from None
             except OverrideParseException as e:
@@ -198,13 +215,13 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
     return str(e).splitlines()[0]
 
 
-def compose_or_exit(config_name: str, argv: Sequence[str]) -> DictConfig:
+def compose_or_exit(config_name: str, argv: Sequence[str], return_hydra_config: bool = False) -> DictConfig:
     """``compose`` for command-line use: on ConfigError print the message and exit 2."""
     try:
-        return compose(config_name, _hydra_flags_removed(argv))
+        return compose(config_name, _hydra_flags_removed(argv), return_hydra_config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(EXIT_USAGE)
 
 
 def _print_stopped(why: str) -> None:
@@ -287,10 +304,28 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
             raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
 
 
-def _remove_refused_run_dir() -> None:
+def _new_parents_of_run_dir(cfg: DictConfig) -> list[Path]:
+    """The folders above the run folder (``hydra.run.dir`` of ``cfg``, composed with
+    Hydra's config) that do not exist yet, innermost first: Hydra will make them. []
+    where the run folder's name cannot be resolved before Hydra runs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)  # for ${hydra:runtime.choices...} in run_dir
+    try:
+        run_dir = Path(str(cfg.hydra.run.dir)).resolve()
+    except Exception:  # a name only Hydra's run can resolve: then only the run folder is removed
+        return []
+    finally:
+        HydraConfig.instance().cfg = None  # hydra.main sets its own
+    return [p for p in run_dir.parents if not p.exists()]
+
+
+def _remove_refused_run_dir(new_parents: Sequence[Path] = ()) -> None:
     """Remove the run folder Hydra made for a command that was refused, if it holds only
-    Hydra's own files (``.hydra/`` and top-level ``*.log``): a refused command leaves no
-    empty run behind. A folder with anything else in it (the job got further) is kept."""
+    Hydra's own files (``.hydra/`` and top-level ``*.log``), and then those of
+    ``new_parents`` (folders above it that the command made, innermost first) left empty:
+    a refused command leaves no empty folder behind. A run folder with anything else in
+    it (the job got further) is kept."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -305,6 +340,11 @@ def _remove_refused_run_dir() -> None:
         if not (entry.name == ".hydra" and entry.is_dir() or entry.is_file() and entry.suffix == ".log"):
             return
     shutil.rmtree(out, ignore_errors=True)
+    for parent in (p for p in new_parents if p in out.parents):
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], Callable[[], None]]:
@@ -320,12 +360,14 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
     def wrap(fn: Callable[[DictConfig], object]) -> Callable[[], None]:
         import hydra
 
+        new_parents: list[Path] = []  # folders above the run folder that Hydra is about to make
+
         @hydra.main(config_path=str(RECIPES_DIR), config_name=config_name, version_base=None)
         def _run(cfg: DictConfig) -> None:
             try:
                 fn(cfg)
             except tuple(_USER_ERRORS) as e:
-                _remove_refused_run_dir()
+                _remove_refused_run_dir(new_parents)
                 print(f"error: {e}", file=sys.stderr)
                 raise SystemExit(user_error_exit_code(e))
 
@@ -336,7 +378,7 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
                 print_help(config_name, argv)
                 return
             if "--hydra-help" not in argv:
-                compose_or_exit(config_name, argv)
+                new_parents[:] = _new_parents_of_run_dir(compose_or_exit(config_name, argv, True))
             try:
                 _run()
             except KeyboardInterrupt:  # Ctrl-C: the with/finally blocks on the way up stopped the children

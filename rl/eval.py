@@ -34,7 +34,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from agents.chat import ByteTokenizer, ChatFormat, HFTokenizer, Tokenizer
 from agents.envs.task import TaskError
 from agents.server import HANDMADE_TASKS, AgentServerError, episode_config
-from rl.config import hydra_entry, register_user_error
+from rl.config import EXIT_FAILURE, RunFailedError, hydra_entry, register_user_error
 from rl.data.gsm8k import looks_like_hub_id
 from rl.evaluation.base import Benchmark, EvalError
 from rl.evaluation.humaneval import HumanEvalBenchmark
@@ -47,10 +47,10 @@ from rl.evaluation.swebench_harness import (GRADERS, GraderChoice, HarnessSettin
 from router.urls import url_problem
 from sandbox import Limits, SandboxError
 
-register_user_error(EvalError)
+register_user_error(EvalError)  # a bad value, a missing file, a router that does not answer: exit 2
 register_user_error(AgentServerError)
 register_user_error(TaskError)
-register_user_error(SandboxError)
+register_user_error(SandboxError, exit_code=EXIT_FAILURE)  # at run time: exit 1
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ("swe", "humaneval", "gsm8k", "arithmetic")
@@ -439,8 +439,9 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
 
     Raises:
         EvalError, TaskError, SandboxError, AgentServerError: bad input (files, options,
-        an unreachable router), or no problem could be scored; the serving stack's errors
-        (engines, model) when it cannot start.
+        an unreachable router); the serving stack's errors (engines, model) when it
+        cannot start.
+        RunFailedError: no problem could be scored (after the report is written).
     """
     settings = check_config(cfg)
     router_url = router_url_of(cfg)
@@ -478,7 +479,7 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     if cfg.eval.wandb.run:
         log_wandb(cfg, report, out_dir)
     if not any(r["num_scored"] for r in report.values()):
-        raise EvalError("no problem could be scored: every one ended in an error (listed above), "
+        raise RunFailedError("no problem could be scored: every one ended in an error (listed above), "
                         "so nothing was measured. Fix the cause and rerun on the same "
                         f"eval.out_dir={out_dir} to draw the errored samples again.")
     return report

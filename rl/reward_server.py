@@ -24,11 +24,14 @@ from typing import Any
 
 from aiohttp import web
 
-from rl.config import hydra_entry, register_user_error
+from rl.config import EXIT_FAILURE, hydra_entry, register_user_error
 from rl.data.base import Prompt
 from rl.rewards import BatchScorer, RewardError, rlhf_scorer_from_config
+from rollout.model import ModelBuildError, ModelPrepareError
 
-register_user_error(RewardError)
+register_user_error(RewardError, exit_code=EXIT_FAILURE)  # scoring at run time: exit 1
+register_user_error(ModelPrepareError)  # a bad model.path: exit 2
+register_user_error(ModelBuildError, exit_code=EXIT_FAILURE)  # the packaged model did not convert: exit 1
 
 
 def _items_to_pairs(body: Any) -> tuple[list[Prompt], list[str]]:

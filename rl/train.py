@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from rl.config import ConfigError, hydra_entry, register_user_error
+from rl.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
 from rl.report import plot_run, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -39,9 +39,10 @@ def _register_errors() -> None:
     from rollout.weight_sync import WeightSyncError
     from sandbox import SandboxError
 
-    for e in (AgentClientError, DataError, GRPOError, LearnerError, MixtureError, RankError,
-              RewardError, TrainerError, WeightSyncError, SandboxError):
+    for e in (DataError, GRPOError, MixtureError, RankError):  # a bad value in the config: exit 2
         register_user_error(e)
+    for e in (AgentClientError, LearnerError, RewardError, TrainerError, WeightSyncError, SandboxError):
+        register_user_error(e, exit_code=EXIT_FAILURE)  # at run time: exit 1
 
 
 @contextlib.contextmanager

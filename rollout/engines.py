@@ -22,9 +22,12 @@ its ``vllm serve`` entry point cannot find the distribution named ``vllm``
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +43,11 @@ from router.urls import engine_urls_problem, kv_event_endpoints_problem
 
 class EngineError(RuntimeError):
     """An engine could not be started or reached; the message says which and why."""
+
+
+class EngineStartError(EngineError):
+    """An engine process did not come up, or a running engine did not answer: a failure at
+    run time (exit code 1), not a bad value in the config."""
 
 
 @dataclass
@@ -201,6 +209,26 @@ def engine_env(ecfg: DictConfig, index: int) -> dict[str, str]:
     return env
 
 
+def inductor_cache_dir() -> str:
+    """Torch's compile cache folder: ``TORCHINDUCTOR_CACHE_DIR``, else torch's default
+    ``<system temp>/torchinductor_<user>`` (pinned before a process's temp folder moves,
+    so compiled code is reused across runs)."""
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+
+def private_temp_env(temp_dir: Path) -> dict[str, str]:
+    """Environment that sends an engine's temporary files to ``temp_dir``.
+
+    vLLM writes its distributed-init file store (``vllm_dist_<hex>``) and its RPC sockets
+    (``ipc://<temp>/<uuid>``) into the system temp folder and leaves them there. In a folder
+    of the pool's own they are removed with it. Torch's compile cache keeps its usual
+    place (``<system temp>/torchinductor_<user>``), so compiled engines reuse it across runs.
+    """
+    return {"TMPDIR": str(temp_dir), "VLLM_RPC_BASE_PATH": str(temp_dir),
+            "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+
+
 def validate_engine_cfg(ecfg: DictConfig) -> None:
     """Check the ``engine`` group's values before anything starts.
 
@@ -269,7 +297,7 @@ def wait_until_healthy(url: str, timeout_s: float) -> None:
         except httpx.HTTPError as e:
             last = str(e) or type(e).__name__
         time.sleep(1.0)
-    raise EngineError(f"engine {url} did not answer /health within {timeout_s:.0f} s ({last}). "
+    raise EngineStartError(f"engine {url} did not answer /health within {timeout_s:.0f} s ({last}). "
                       "Check that it is running and reachable from here.")
 
 
@@ -277,11 +305,13 @@ class EnginePool:
     """The engines of one job: launched here, or external ones given by URL.
 
     Use as a context manager, or call ``stop()``; stopping ends every process group it
-    started (external engines are left running).
+    started (external engines are left running) and removes ``temp_dir``, the engines'
+    temporary folder (``private_temp_env``).
     """
 
-    def __init__(self, handles: list[EngineHandle]):
+    def __init__(self, handles: list[EngineHandle], temp_dir: Path | None = None):
         self.handles = handles
+        self.temp_dir = temp_dir
 
     @property
     def urls(self) -> list[str]:
@@ -314,6 +344,8 @@ class EnginePool:
             return cls(handles)
 
         handles: list[EngineHandle] = []
+        # A short path: a Unix socket's path is limited to 107 bytes.
+        temp_dir = Path(tempfile.mkdtemp(prefix="misa-rl-engines-"))
         for i in range(int(ecfg.num_engines)):
             port = free_port(ecfg.host)
             kv_port = free_port(ecfg.host) if ecfg.kv_events else None
@@ -322,12 +354,12 @@ class EnginePool:
                 argv=engine_argv(ecfg, model_path, served_name, max_model_len, dtype, port, kv_port),
                 log_path=Path(log_dir) / f"engine-{i}.log",
                 health_url=f"http://{ecfg.host}:{port}/health",
-                env=engine_env(ecfg, i),
+                env={**private_temp_env(temp_dir), **engine_env(ecfg, i)},  # engine.env wins
             )
             handles.append(EngineHandle(
                 i, f"http://{ecfg.host}:{port}",
                 f"tcp://{ecfg.host}:{kv_port}" if kv_port else None, proc))
-        pool = cls(handles)
+        pool = cls(handles, temp_dir)
         try:
             for h in handles:
                 h.process.start()
@@ -339,7 +371,7 @@ class EnginePool:
                 h.start_s = s
         except ProcessStartError as e:
             pool.stop()
-            raise EngineError(str(e)) from None
+            raise EngineStartError(str(e)) from None
         except BaseException:
             pool.stop()
             raise
@@ -351,6 +383,9 @@ class EnginePool:
         if procs:
             with ThreadPoolExecutor(len(procs)) as ex:
                 list(ex.map(lambda p: p.stop(), procs))
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
 
     def __enter__(self) -> "EnginePool":
         return self

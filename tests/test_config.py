@@ -11,9 +11,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from rl.config import ConfigError, compose
+from tests.conftest import GSM8K_TINY_OVERRIDE
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    if not any(a.startswith("trainer.domains.rlvr.gsm8k.path=") for a in args):
+        args = (GSM8K_TINY_OVERRIDE, *args)  # before any --flag
     return subprocess.run([sys.executable, "-m", "rl.train", *args], capture_output=True,
                           text=True, timeout=120)
 
@@ -34,7 +37,7 @@ def test_unknown_key_lists_the_keys_of_its_section():
 
 def test_bad_engine_value_is_a_one_line_error_without_traceback(tmp_path):
     r = _run("engine.num_engines=0", f"run_dir={tmp_path}/run")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "engine.num_engines=0 is invalid" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not (tmp_path / "run").exists()  # a refused command leaves no empty run folder
@@ -102,7 +105,7 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
 ])
 def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, override, expect):
     r = _run(override, f"run_dir={tmp_path}/run")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert expect in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert "engines up" not in r.stdout
 
@@ -112,7 +115,7 @@ def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, overrid
 
 def _gpu(*overrides: str):
     return compose("train", ["recipe=mixed_step_gpu", "model.path=/tmp/x", "run_dir=runs/test",
-                             *overrides])
+                             GSM8K_TINY_OVERRIDE, *overrides])
 
 
 def test_gpu_recipe_passes_every_check_the_job_runs_before_engines_start(monkeypatch):
@@ -177,7 +180,7 @@ def test_gpu_recipe_without_model_path_names_the_key_and_what_to_pass(tmp_path):
         with pytest.raises(ModelPrepareError, match=r"model.path is required.*pass model.path="):
             check(cfg)
     r = _run("recipe=mixed_step_gpu", f"run_dir={tmp_path}/run")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "model.path is required" in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert "engines up" not in r.stdout  # refused before anything starts
 

@@ -27,8 +27,12 @@ from rl.data.base import DataError, Prompt, user_prompt
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 """A hub dataset id: ``name`` or ``owner/name``."""
 
+DEFAULT_LOCATION = ("shared/data/gsm8k/ beside the repository (../shared/data/gsm8k/train.jsonl "
+                    "for training, test.jsonl for evaluation)")
+"""Where the recipes look by default (``trainer.domains.rlvr.gsm8k.path``, ``eval.benchmarks.gsm8k.path``)."""
+
 JSONL_HINT = ("pass a JSONL path instead (one {\"question\", \"answer\"} object per line; "
-              "here /work/shared/data/gsm8k/test.jsonl)")
+              f"the recipes' default is {DEFAULT_LOCATION})")
 
 
 def gsm8k_final_answer(answer: str) -> str:
@@ -74,8 +78,9 @@ def iter_gsm8k_file(path: str | Path) -> Iterator[tuple[int, tuple[str, str] | D
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise DataError(f"GSM8K file {p} does not exist; set its path (a JSONL file with "
-                        "question/answer fields), e.g. /work/shared/data/gsm8k/train.jsonl")
+        raise DataError(f"GSM8K file {p} does not exist; give a JSONL file with question/answer "
+                        "fields in trainer.domains.rlvr.gsm8k.path (training) or "
+                        f"eval.benchmarks.gsm8k.path (evaluation); the default is {DEFAULT_LOCATION}")
     with p.open() as f:
         for i, line in enumerate(f, 1):
             if not line.strip():

@@ -208,4 +208,4 @@ def router_params_help(cfg: Any) -> str:
 # Entry points that build a router (python -m router, rl.train, rollout.serve, ...) print
 # these as one line: a bad value exits 1, an unknown name 2 (like an unknown config key).
 register_user_error(RouterConfigError)
-register_user_error(UnknownOptionError, exit_code=2)
+register_user_error(UnknownOptionError)

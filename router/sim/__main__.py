@@ -40,8 +40,8 @@ from router.sim.experiments import (
 from router.sim.trace import read_trace
 from router.sim.plots import plot_caps, plot_hit_rate, plot_mixture
 
-register_user_error(SimError)  # a bad value: exit status 1
-register_user_error(SimUnknownNameError, exit_code=2)  # an unknown name, like an unknown key
+register_user_error(SimError)  # a bad value: exit status 2, as an unknown key
+register_user_error(SimUnknownNameError)  # an unknown name: exit status 2
 
 
 def _shares(v) -> bool:
@@ -53,7 +53,7 @@ def _sweep(v) -> bool:
     return isinstance(v, dict) and all(isinstance(xs, list) and xs for xs in v.values())
 
 
-# The values of recipes/sim.yaml, checked before any run starts (a bad one: exit status 1).
+# The values of recipes/sim.yaml, checked before any run starts (a bad one: exit status 2).
 VALUE_RULES: dict[str, Rule] = {
     "scale": (number(above=0, at_most=4), "a fraction of the paper-sized system in (0, 4], e.g. 0.25"),
     "seeds": (lambda v: isinstance(v, list) and bool(v) and all(number(whole=True)(x) for x in v),

@@ -20,9 +20,9 @@ def _run(*overrides: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(("override", "code", "expected"), [
     ("episode.limits.max_turn=3", 2, "Valid keys under 'episode.limits': max_context_tokens, max_episode_s"),
     ("+episode.limits.max_turn=3", 2, "episode.limits: unknown option(s) 'max_turn'; valid options: max_turns"),
-    ("port=http", 1, "port='http' is invalid: give a TCP port number (0-65535)."),
-    ("router_url=localhost:8100", 1, "router_url='localhost:8100' is invalid: give the router's base URL"),
-    ("episode.command_limits.cpu_s=lots", 1, "episode.command_limits: option 'cpu_s' must be an integer"),
+    ("port=http", 2, "port='http' is invalid: give a TCP port number (0-65535)."),
+    ("router_url=localhost:8100", 2, "router_url='localhost:8100' is invalid: give the router's base URL"),
+    ("episode.command_limits.cpu_s=lots", 2, "episode.command_limits: option 'cpu_s' must be an integer"),
 ])
 def test_bad_override_is_one_line_with_what_is_valid(override, code, expected):
     r = _run(override)

@@ -13,6 +13,7 @@ import pytest
 
 from rl.config import compose
 from rl.eval import run
+from tests.conftest import GSM8K_TINY
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,12 +51,12 @@ def test_eval_command_runs_all_benchmarks_against_a_running_router(fake_model, t
     assert list(out.glob("wandb/offline-run-*"))
 
 
-def test_missing_benchmark_file_prints_one_message_and_exits_1(tmp_path):
+def test_missing_benchmark_file_prints_one_message_and_exits_2(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "rl.eval", f"run_dir={tmp_path}",
          f"eval.benchmarks.gsm8k.path={tmp_path}/nope.jsonl", "eval.benchmarks.humaneval.enabled=false"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "gsm8k" in proc.stderr and "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -94,6 +95,8 @@ def test_bad_request_seeds_value_is_a_clear_error():
 
 
 def _eval(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    if not any(a.startswith("eval.benchmarks.gsm8k.path=") for a in args):
+        args = (*args, f"eval.benchmarks.gsm8k.path={GSM8K_TINY}")  # the real one is outside the repository
     return subprocess.run([sys.executable, "-m", "rl.eval", f"run_dir={tmp_path}", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
 
@@ -113,12 +116,12 @@ def _closed_port() -> int:
     ("eval.n=-2", "eval.n=-2"),
     ("+eval.benchmarks.mmlu.enabled=true", "unknown benchmark(s) ['mmlu']"),
 ])
-def test_bad_eval_values_exit_1_with_one_message_naming_the_key(tmp_path, override, expect):
+def test_bad_eval_values_exit_2_with_one_message_naming_the_key(tmp_path, override, expect):
     args = [override.format(closed=_closed_port())]
     if "router_url" not in override:  # a URL nothing answers at: no case can start engines
         args.append(f"eval.router_url=http://127.0.0.1:{_closed_port()}")
     r = _eval(*args, tmp_path=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 2, r.stdout + r.stderr
     assert expect in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 
@@ -200,7 +203,7 @@ def test_router_check_wants_an_answer_and_the_served_model(fake_model, monkeypat
 
 
 def test_evaluation_that_scores_nothing_exits_1_after_writing_its_report(fake_model, tmp_path):
-    from rl.evaluation import EvalError
+    from rl.config import RunFailedError, user_error_exit_code
 
     gsm = tmp_path / "test.jsonl"
     gsm.write_text(json.dumps({"question": "FAIL_500 2 + 3?", "answer": "#### 5"}) + "\n")
@@ -210,6 +213,7 @@ def test_evaluation_that_scores_nothing_exits_1_after_writing_its_report(fake_mo
         "eval.served_model_name=scripted", "eval.n=1", "eval.ks=[1]", "eval.progress=false",
         f"eval.benchmarks.gsm8k.path={gsm}", "eval.benchmarks.humaneval.enabled=false",
         "eval.benchmarks.arithmetic.enabled=false", "eval.benchmarks.swe.enabled=false"])
-    with pytest.raises(EvalError, match="no problem could be scored"):
+    with pytest.raises(RunFailedError, match="no problem could be scored") as e:
         run(cfg)
+    assert user_error_exit_code(e.value) == 1  # a failure at run time, not a mistake in the command
     assert json.loads((out / "report.json").read_text())["benchmarks"]["gsm8k"]["num_errors"] == 1

@@ -11,8 +11,8 @@ from rl.data import (ArithmeticSource, CodeSource, CodeTestsReward, DataError, G
 from rl.data.base import Prompt, user_prompt
 from rl.rewards import (DomainRewards, MathVerifyReward, RewardError, RewardModelScorer,
                         ZeroShotJudgeScorer)
+from tests.conftest import GSM8K_TINY
 
-GSM8K_TEST = "/work/shared/data/gsm8k/test.jsonl"
 
 
 def _math(ref):
@@ -46,16 +46,22 @@ def test_gsm8k_final_answer_strips_separators_and_needs_marker():
         gsm8k_final_answer("no marker")
 
 
-def test_gsm8k_loader_reads_the_real_file():
-    rows = load_gsm8k(GSM8K_TEST)
-    assert len(rows) == 1319
-    assert all(q and a for q, a in rows[:50])
-    src = GSM8KSource(GSM8K_TEST, split="test")
-    p = src.prompt(0)
-    assert p.prompt_id == "gsm8k/test/0" and p.reference == rows[0][1]
+def test_gsm8k_loader_reads_questions_and_final_answers_in_file_order():
+    rows = load_gsm8k(GSM8K_TINY)
+    assert [a for _q, a in rows] == ["7", "1350", "16"]
+    assert rows[0][0].startswith("A baker makes 12 rolls")
+    src = GSM8KSource(str(GSM8K_TINY), split="test")
+    p = src.prompt(1)
+    assert p.prompt_id == "gsm8k/test/1" and p.reference == "1350"
     assert "\\boxed{}" in p.messages[-1]["content"]
     # the gold answer of the file scores 1 with the math reward
     assert MathVerifyReward()(p, f"\\boxed{{{p.reference}}}") == 1.0
+
+
+def test_gsm8k_loader_reads_the_real_test_split(real_gsm8k_dir):
+    rows = load_gsm8k(real_gsm8k_dir / "test.jsonl")
+    assert len(rows) == 1319
+    assert all(q and a for q, a in rows[:50])
 
 
 def test_gsm8k_loader_reports_bad_line_number(tmp_path):
@@ -63,8 +69,15 @@ def test_gsm8k_loader_reports_bad_line_number(tmp_path):
     f.write_text(json.dumps({"question": "q", "answer": "a\n#### 3"}) + "\n{broken\n")
     with pytest.raises(DataError, match=":2:"):
         load_gsm8k(f)
-    with pytest.raises(DataError, match="does not exist"):
+
+
+def test_missing_gsm8k_file_names_the_config_keys_and_the_default_place_beside_the_repository(tmp_path):
+    with pytest.raises(DataError, match="does not exist") as e:
         load_gsm8k(tmp_path / "missing.jsonl")
+    message = str(e.value)
+    assert "trainer.domains.rlvr.gsm8k.path" in message and "eval.benchmarks.gsm8k.path" in message
+    assert "../shared/data/gsm8k/train.jsonl" in message
+    assert "/work/" not in message
 
 
 def test_arithmetic_levels_are_graded_and_answers_correct():

@@ -200,12 +200,16 @@ def test_sampler_feeding_ledger_keeps_consumed_tv_small_when_all_complete():
 
 
 def _trainer_recipe() -> dict:
-    """The composed default ``trainer`` config, resolved, as plain containers."""
+    """The composed default ``trainer`` config, resolved, as plain containers; GSM8K is read
+    from the tests' tiny fixture (the real file lies outside the repository)."""
     from omegaconf import OmegaConf
 
     from rl.config import compose
+    from tests.conftest import GSM8K_TINY
 
-    return OmegaConf.to_container(compose("train", ["run_dir=runs/test"]).trainer, resolve=True)
+    return OmegaConf.to_container(compose("train", ["run_dir=runs/test",
+                                                    f"trainer.domains.rlvr.gsm8k.path={GSM8K_TINY}"]
+                                          ).trainer, resolve=True)
 
 
 def test_sampler_from_the_trainer_recipe_releases_every_configured_class():

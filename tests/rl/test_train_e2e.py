@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rl.config import REPO_ROOT
+from tests.conftest import GSM8K_TINY_OVERRIDE
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -22,7 +23,7 @@ def _leftover_processes(run_dir) -> list[str]:
 def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path):
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "rl.train", "recipe=mixed_step", "router=misa-t",
-            f"run_dir={run_dir}", "engine.num_engines=1", "engine.kv_cache_space_gib=0.25",
+            f"run_dir={run_dir}", GSM8K_TINY_OVERRIDE, "engine.num_engines=1", "engine.kv_cache_space_gib=0.25",
             "trainer.iterations=1", "trainer.groups_per_step=3", "trainer.max_in_flight=12",
             "trainer.group_size.agent=2", "trainer.group_size.rlvr=2", "trainer.group_size.rlhf=2",
             "trainer.rho.agent=1", "trainer.rho.rlvr=1", "trainer.rho.rlhf=1",

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from rl.config import ConfigError, compose
 from rollout.engines import EngineError, engine_env, gpu_placement
+from tests.conftest import GSM8K_TINY_OVERRIDE
 
 
 def test_engines_take_tp_gpus_each_and_the_trainer_the_ones_given():
@@ -55,7 +56,7 @@ def test_engine_env_splits_the_jobs_gpus_and_leaves_the_trainers_free(monkeypatc
 
 def _gpu_cfg(*overrides: str):
     return compose("train", ["recipe=mixed_step_gpu", "model.path=/tmp/model", "run_dir=runs/test",
-                             *overrides])
+                             GSM8K_TINY_OVERRIDE, *overrides])
 
 
 def test_the_gpu_recipe_puts_learner_and_reward_model_beside_the_engines(monkeypatch):
@@ -77,7 +78,7 @@ def test_external_engines_leave_every_gpu_to_the_trainer(monkeypatch):
     cfg = _gpu_cfg("engine.urls=[http://a:8000]", "trainer.learner.gpus=null")
     p = job_gpu_placement(cfg)
     assert p.engines == () and p.trainer == "0"
-    assert job_gpu_placement(compose("train", ["run_dir=runs/test"])) is None  # CPU engines
+    assert job_gpu_placement(compose("train", ["run_dir=runs/test", GSM8K_TINY_OVERRIDE])) is None  # CPU engines
 
 
 @pytest.mark.parametrize("overrides,error,match", [

@@ -9,10 +9,12 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from rollout.engines import EngineError, cpu_core_split, validate_engine_cfg
 from rollout.process import ManagedProcess, ProcessStartError, free_port
+from tests.processes import MARKER_ENV, kill_marked, marked_processes, new_marker, wait_until_gone
 
 # A tiny HTTP server that also forks a grandchild (as vLLM's API server forks its engine core).
 _SERVER = textwrap.dedent("""
@@ -51,17 +53,28 @@ def _grandchild_pid(log_path, timeout_s=10.0) -> int:
     raise AssertionError("server did not report its grandchild")
 
 
-def test_stop_ends_the_whole_process_group(tmp_path):
+def _guards_of(pid: int) -> list[psutil.Process]:
+    """This test process's children that guard the group ``pid`` (argv ... pgid grace)."""
+    return [c for c in psutil.Process().children()
+            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and c.cmdline()[-2:-1] == [str(pid)]]
+
+
+def test_stop_ends_the_whole_process_group_and_its_guard(tmp_path):
+    marker = new_marker()
     port = free_port()
     p = ManagedProcess("srv", [sys.executable, "-c", _SERVER, str(port)], tmp_path / "srv.log",
-                       health_url=f"http://127.0.0.1:{port}/").start()
-    p.wait_healthy(30, poll_s=0.2)
-    grandchild = _grandchild_pid(tmp_path / "srv.log")
-    assert _alive(p.pid) and _alive(grandchild)
-    p.stop(grace_s=2)
-    assert not _alive(p.pid)
-    time.sleep(0.2)
-    assert not _alive(grandchild)
+                       health_url=f"http://127.0.0.1:{port}/", env={MARKER_ENV: marker}).start()
+    try:
+        p.wait_healthy(60, poll_s=0.2)
+        grandchild = _grandchild_pid(tmp_path / "srv.log")
+        assert _alive(p.pid) and _alive(grandchild)
+        assert len(_guards_of(p.pid)) == 1
+        p.stop(grace_s=2)
+        assert not _alive(p.pid)
+        assert wait_until_gone(lambda: [g for g in [grandchild] if _alive(g)]) == []
+        assert _guards_of(p.pid) == []
+    finally:
+        kill_marked(marker)
 
 
 def test_health_timeout_error_names_the_process_and_shows_its_log(tmp_path):
@@ -82,7 +95,10 @@ def test_process_that_exits_at_start_reports_exit_code_and_log(tmp_path):
     assert "bad flag" in str(e.value)
 
 
-def test_children_die_when_the_parent_is_killed(tmp_path):
+def test_children_and_grandchildren_die_when_the_parent_is_killed(tmp_path):
+    # Every process of this test carries the marker (argv of the parent, environment of
+    # the rest), so the finally finds and kills what a failure leaves behind.
+    marker = new_marker()
     port = free_port()
     parent_code = textwrap.dedent(f"""
         import sys, time
@@ -90,20 +106,25 @@ def test_children_die_when_the_parent_is_killed(tmp_path):
         from rollout.process import ManagedProcess
         p = ManagedProcess("srv", [sys.executable, "-c", {_SERVER!r}, "{port}"],
                            Path({str(tmp_path / 'srv.log')!r}),
-                           health_url="http://127.0.0.1:{port}/").start()
-        p.wait_healthy(30, poll_s=0.2)
+                           health_url="http://127.0.0.1:{port}/",
+                           env={{{MARKER_ENV!r}: {marker!r}}}).start()
+        p.wait_healthy(60, poll_s=0.2)
         print(p.pid, flush=True)
         time.sleep(600)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
-    child_pid = int(parent.stdout.readline())
-    assert _alive(child_pid)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    deadline = time.monotonic() + 10
-    while _alive(child_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child_pid), "child outlived its killed parent"
+    parent = subprocess.Popen([sys.executable, "-c", parent_code, marker],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(parent.stdout.readline())
+        grandchild = _grandchild_pid(tmp_path / "srv.log")
+        assert _alive(child_pid) and _alive(grandchild)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert wait_until_gone(lambda: [p for p in (child_pid, grandchild) if _alive(p)]) == []
+        assert wait_until_gone(lambda: marked_processes(marker)) == []
+    finally:
+        kill_marked(marker)
+        parent.wait(timeout=30)
 
 
 def test_cpu_cores_are_split_between_engines():

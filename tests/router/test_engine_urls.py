@@ -80,7 +80,7 @@ def test_training_job_refuses_a_bad_engine_url_before_starting_anything():
 def test_python_m_router_refuses_a_bad_engine_url_at_start(urls, expected):
     run = subprocess.run([sys.executable, "-m", "router", "router=round-robin", f"engines.urls={urls}"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
-    assert run.returncode == 1
+    assert run.returncode == 2
     assert expected in run.stderr and "e.g. engines.urls=[http://" in run.stderr
     assert "Traceback" not in run.stderr + run.stdout
 

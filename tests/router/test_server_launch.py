@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from rl.config import RECIPES_DIR
 from router.launch import REPO_ROOT, router_argv, start_router
+from tests.conftest import GSM8K_TINY_OVERRIDE
 from tests.router.fake_engine import running_engines
 
 
@@ -70,16 +71,16 @@ def test_vllm_router_argv_carries_recipe_thresholds():
         ("router=round-robin router.params.nope=1", 2, "added with a leading '+', e.g. +router.params.nope=VALUE. "
                                                        "Valid options of policy 'round_robin': no_healthy_recheck_s"),
         ("router=vllm router.params.nope=1", 2, "Router impl 'vllm' takes no policy options"),
-        ("+router.params.k_quantile=2", 1, "k_quantile must be in (0, 1]"),
-        ("router=round-robin", 1, "no engines: set engines.urls"),
-        ("router=vllm engines.urls=[http://127.0.0.1:1]", 1, "is run by router.launch.start_router"),
-        ("router=round-robin engines.urls=[http://127.0.0.1:1] engines.max_retries=abc", 1,
+        ("+router.params.k_quantile=2", 2, "k_quantile must be in (0, 1]"),
+        ("router=round-robin", 2, "no engines: set engines.urls"),
+        ("router=vllm engines.urls=[http://127.0.0.1:1]", 2, "is run by router.launch.start_router"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] engines.max_retries=abc", 2,
          "engines.max_retries must be a number"),
-        ("router=round-robin engines.urls=[http://127.0.0.1:1] server.port=-1", 1, "server.port must be a TCP port"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] server.port=-1", 2, "server.port must be a TCP port"),
     ],
 )
 def test_config_mistake_gives_one_line_and_no_traceback(override, code, expected):
-    """Exit 2 for an unknown name (key, group choice, policy option), 1 for a bad value."""
+    """Exit 2 for an unknown name (key, group choice, policy option) and for a bad value."""
     run = subprocess.run([sys.executable, "-m", "router", *override.split()], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=60)
     assert run.returncode == code, run.stderr
@@ -130,10 +131,10 @@ def test_check_router_cfg_refuses_what_would_fail_after_engines_started(monkeypa
 @pytest.mark.parametrize(("override", "code", "expected"), [
     ("+router.params.nope=1", 2, "router policy 'misa_t': unknown option(s) 'nope'"),
     ("router.params.nope=1", 2, "Valid options of policy 'misa_t': protected_fraction"),
-    ("+router.params.k_quantile=0", 1, "k_quantile must be in (0, 1]"),
+    ("+router.params.k_quantile=0", 2, "k_quantile must be in (0, 1]"),
 ])
 def test_training_job_refuses_a_bad_router_option_before_starting_anything(override, code, expected):
-    run = subprocess.run([sys.executable, "-m", "rl.train", override], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "rl.train", override, GSM8K_TINY_OVERRIDE], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=120)
     assert run.returncode == code, run.stderr
     assert expected in run.stderr and "Traceback" not in run.stderr + run.stdout

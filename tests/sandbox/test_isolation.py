@@ -1,14 +1,15 @@
 """Each isolation property of the sandbox, checked by trying to break it."""
 
+import asyncio
 import os
 import socket
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace
+from tests.processes import MARKER_ENV, kill_marked, marked_processes, new_marker, wait_until_gone
 
 
 async def test_no_network_even_to_host_loopback(workspace):
@@ -53,37 +54,36 @@ async def test_workspace_is_writable_and_diffed(workspace):
 
 
 async def test_wall_clock_timeout_kills_process_tree(workspace):
-    result = await workspace.run("sleep 300 & sleep 300 & sleep 300",
-                                 limits=Limits(timeout_s=0.5))
-    assert result.timed_out
-    assert result.exit_code != 0
-
-    def leftovers() -> list:
-        return [p for p in psutil.process_iter(["cmdline"])
-                if p.info["cmdline"] and p.info["cmdline"][:2] == ["sleep", "300"]]
-
-    # The kernel kills the sandbox's PID namespace once its PID 1 dies (SIGKILL through
-    # --die-with-parent), asynchronously: on a loaded machine a child can still be listed
-    # for a moment after run() returns (seen once in CI). Allow it a few seconds.
-    for _ in range(50):
-        if not leftovers():
-            break
-        await asyncio.sleep(0.1)
-    assert leftovers() == []
+    marker = new_marker()
+    try:
+        result = await workspace.run(f"export {MARKER_ENV}={marker}; sleep 300 & sleep 300 & sleep 300",
+                                     limits=Limits(timeout_s=0.5))
+        assert result.timed_out
+        assert result.exit_code != 0
+        # The kernel kills the sandbox's PID namespace once its PID 1 dies (SIGKILL through
+        # --die-with-parent), asynchronously: on a loaded machine a child can still be listed
+        # for a moment after run() returns (seen once in CI), hence the wait with a deadline.
+        assert await asyncio.to_thread(wait_until_gone, lambda: marked_processes(marker)) == []
+    finally:
+        kill_marked(marker)
 
 
 async def test_destroy_kills_running_commands_and_removes_folder(snapshot, tmp_path):
     import asyncio
 
+    marker = new_marker()
     ws = Workspace.create(snapshot, root=tmp_path)
-    task = asyncio.ensure_future(ws.run("sleep 301 & sleep 301", limits=Limits(timeout_s=60)))
-    await asyncio.sleep(0.3)
-    await ws.destroy()
-    result = await task
-    assert result.exit_code != 0
-    assert not ws.path.exists()
-    assert not [p for p in psutil.process_iter(["cmdline"])
-                if p.info["cmdline"] and p.info["cmdline"][:2] == ["sleep", "301"]]
+    try:
+        task = asyncio.ensure_future(ws.run(f"export {MARKER_ENV}={marker}; sleep 301 & sleep 301",
+                                            limits=Limits(timeout_s=60)))
+        await asyncio.sleep(0.3)
+        await ws.destroy()
+        result = await task
+        assert result.exit_code != 0
+        assert not ws.path.exists()
+        assert await asyncio.to_thread(wait_until_gone, lambda: marked_processes(marker)) == []
+    finally:
+        kill_marked(marker)
     with pytest.raises(SandboxError, match="destroyed"):
         await ws.run("true")
 

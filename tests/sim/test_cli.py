@@ -43,7 +43,7 @@ def test_policy_params_of_no_such_policy_are_refused_not_ignored(tmp_path):
 def test_policy_params_under_a_hyphenated_name_reach_the_policy(tmp_path):
     """``misa-t`` (the router group's spelling) is the policy misa_t: a bad value is refused."""
     p = run_cli("experiment=run", "run.policy=misa_t", "+policy_params.misa-t.k_footprint=bogus", tmp_path=tmp_path)
-    assert p.returncode == 1 and "k_footprint" in p.stderr and "bogus" in p.stderr
+    assert p.returncode == 2 and "k_footprint" in p.stderr and "bogus" in p.stderr
 
 
 def test_malformed_trace_is_reported_before_the_run(tmp_path):
@@ -51,6 +51,6 @@ def test_malformed_trace_is_reported_before_the_run(tmp_path):
     trace.write_text('{"session_id": "s", "workload_class": "agent", "turn": 0, "prompt_tokens": -1, '
                      '"output_tokens": 3}\n')
     p = run_cli("experiment=run", f"trace={trace}", "workers=1", "seeds=[0]", tmp_path=tmp_path)
-    assert p.returncode == 1  # a bad value (unknown names exit 2)
+    assert p.returncode == 2  # a bad value, as an unknown name
     assert "bad.jsonl:1: field 'prompt_tokens'" in p.stderr
     assert "Traceback" not in p.stderr

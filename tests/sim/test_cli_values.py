@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
     (["sim=step9"], 2, "Valid options for sim: qwen3.6-like, step3.7-like"),
     (["experiment=table6"], 2, "unknown experiment 'table6'; choose one of: table5, shift"),
     (["+sim.gpus=8"], 2, "sim (step3.7-like): unknown option(s) 'gpus'; valid options: name, model"),
-    (["scale=big"], 1, "scale='big' is invalid: give a fraction of the paper-sized system in (0, 4]"),
-    (["experiment=run", "run.ceiling=-3"], 1, "run.ceiling=-3 is invalid: give a whole number of units >= 1"),
-    (["+policy_params.misa_t.protected_fraction=3"], 1, "router policy 'misa_t': protected_fraction must be in (0, 1]"),
+    (["scale=big"], 2, "scale='big' is invalid: give a fraction of the paper-sized system in (0, 4]"),
+    (["experiment=run", "run.ceiling=-3"], 2, "run.ceiling=-3 is invalid: give a whole number of units >= 1"),
+    (["+policy_params.misa_t.protected_fraction=3"], 2, "router policy 'misa_t': protected_fraction must be in (0, 1]"),
 ])
 def test_bad_override_is_one_line_with_what_is_valid(tmp_path, overrides, code, expected):
     r = subprocess.run([sys.executable, "-m", "router.sim", *overrides, f"out_dir={tmp_path}"], cwd=ROOT,
