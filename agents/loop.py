@@ -10,6 +10,7 @@ split into model time and tool time (the KV residency data of MISA-T Table 3).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -181,8 +182,10 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
     last_call_marked = closed_by_extra = False
     ws: Workspace | None = None
     try:
-        ws = Workspace.create(task.snapshot, root=cfg.workspace_root,
-                              isolation=cfg.isolation, limits=cfg.command_limits)
+        # Host-side file work runs off the event loop (the agent server serves many
+        # episodes and its /health on this loop): the copy here, the diff below.
+        ws = await asyncio.to_thread(Workspace.create, task.snapshot, root=cfg.workspace_root,
+                                     isolation=cfg.isolation, limits=cfg.command_limits)
         tools = Toolbox(ws, task, cfg.command_limits, cfg.max_observation_chars)
         for turn in range(lim.max_turns):
             room = lim.max_context_tokens - len(traj)
@@ -241,7 +244,7 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
                 error = f"session close request failed: {e}"
         eval_started = time.monotonic()
         reward, report = await evaluate(ws, task, cfg.test_limits)
-        outcomes, patch = report.outcomes, ws.diff()
+        outcomes, patch = report.outcomes, await ws.diff_async()
         eval_s = time.monotonic() - eval_started
     except ModelCallError as e:
         status, error = "model_error", str(e)

@@ -54,6 +54,39 @@ def _default_runtime_paths() -> list[str]:
     return sorted(p for p in paths if not p.startswith("/usr"))
 
 
+# The first program of every sandbox: a parent-death signal (SIGKILL) armed before bwrap
+# runs, then the parent checked: PR_SET_PDEATHSIG is a no-op when the parent died before
+# it was set (bubblewrap #633 / #700), so a parent that is no longer the caller means it
+# died in that window and the command must not start. $PPID is getppid() at shell start,
+# after setpriv armed the signal; the signal survives the execs (none is set-uid).
+_CHECK_CALLER = '[ "$PPID" = "$1" ] || exit 137; shift; exec "$@"'
+
+# Inside the sandbox, before the command: a watcher blocked on the caller's pipe. EOF
+# means the caller is gone (its write end closed with it). It closes the last window:
+# bubblewrap's own PID-1 child arms --die-with-parent only after its fork, so a bwrap
+# killed right then leaves that child running (bubblewrap #633). The watcher then kills
+# every process in the sandbox's PID namespace (kill -9 -1 reaches no further). It runs
+# before the uid drop (root-host mode: with CAP_KILL only, so the command's user cannot
+# signal it, and because a dropped process may not reopen a root-owned pipe) and opens
+# the pipe through /proc/self/fd (sh redirections cannot name fds above 9). The command
+# inherits the read end too; all it can do with it is block on it or close its copy.
+_WATCH_CALLER = '(read _ < "/proc/self/fd/$1"; kill -9 -1) & shift; exec "$@"'
+
+
+def dies_with_caller(argv: list[str]) -> list[str]:
+    """``argv`` prefixed so that it is SIGKILLed when the calling process dies, from the
+    first instruction on (``setpriv --pdeathsig KILL`` plus the parent check above).
+
+    Together with bwrap's ``--die-with-parent`` and ``--unshare-pid`` (the kernel kills
+    a PID namespace with its PID 1) and the in-sandbox watcher, no process outlives its
+    caller. Caveat: the signal follows the *thread* that started the child
+    (``PR_SET_PDEATHSIG``); start sandboxes from a thread that outlives them (the event
+    loop's).
+    """
+    return ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "/bin/sh", "-c", _CHECK_CALLER,
+            "sh", str(os.getpid()), *argv]
+
+
 @dataclass(frozen=True)
 class IsolationConfig:
     """How commands are isolated.
@@ -132,8 +165,11 @@ class IsolationConfig:
         }
 
     def argv(self, workspace: Path, uid: int | None, limits: Limits,
-             nproc: int | None, command: str) -> list[str]:
+             nproc: int | None, command: str, alive_fd: int | None = None) -> list[str]:
         """The full command line that runs shell ``command`` in ``workspace``.
+
+        The line must be started by the process that calls this (its pid is checked, see
+        ``dies_with_caller``), from the thread that will outlive the command.
 
         Args:
             workspace: host folder mounted read-write at ``/workspace``.
@@ -141,11 +177,14 @@ class IsolationConfig:
             limits: the rlimits to apply (``Limits.prlimit_argv``).
             nproc: RLIMIT_NPROC override (unprivileged mode), or None.
             command: a ``/bin/sh -c`` command string.
+            alive_fd: read end of a pipe whose write end only the caller holds, passed
+                to the command (``pass_fds``); EOF on it means the caller is gone and the
+                sandbox kills everything in it (see ``dies_with_caller``). None: no watch.
         """
         inner = limits.prlimit_argv(nproc) + ["/bin/sh", "-c", command]
         if self.unsafe_no_isolation:
-            return inner
-        argv = [self.bwrap_path()]
+            return dies_with_caller(inner)
+        argv = dies_with_caller([self.bwrap_path()])
         argv += ["--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib64", "sbin"):
             target = Path("/") / link
@@ -177,9 +216,13 @@ class IsolationConfig:
                  "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                  "--hostname", "sandbox"]
         if uid is not None:
-            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                     "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                     "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"]
+            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            if alive_fd is not None:
+                argv += ["--cap-add", "CAP_KILL"]  # the watcher's kill of the uid's processes
+            inner = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                     "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--", *inner]
         else:
             argv += ["--unshare-user", "--cap-drop", "ALL"]
+        if alive_fd is not None:
+            inner = ["/bin/sh", "-c", _WATCH_CALLER, "sh", str(alive_fd), *inner]
         return argv + inner

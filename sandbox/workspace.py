@@ -20,6 +20,7 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -31,6 +32,15 @@ import psutil
 from sandbox.errors import SandboxError
 from sandbox.isolation import SANDBOX_WORKDIR, IsolationConfig
 from sandbox.limits import CappedBuffer, Limits
+
+DRAIN_AFTER_KILL_S = 5.0
+"""How long output is still read after a command's tree was killed (its pipes reach EOF
+when the last writer is dead; the kernel tears a PID namespace down in milliseconds, this
+is headroom for a loaded machine) before the pipes are closed regardless."""
+
+DIFF_TIMEOUT_S = 120.0
+"""Bound of ``Workspace.diff_async``: a diff of any real repository takes well under a
+second; a workspace stuffed with large changed files must not hold an episode forever."""
 
 IGNORED_NAMES = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".hypothesis"})
 """Names left out of copies and diffs (caches the tests write)."""
@@ -117,56 +127,121 @@ def _chown_tree(root: Path, uid: int) -> None:
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
 
 
-def _tree_files(root: Path) -> dict[str, Path]:
-    """Relative path -> file, for every regular file or symlink under ``root``."""
-    files: dict[str, Path] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_NAMES)
-        for name in filenames:
+@dataclass(frozen=True)
+class _Entry:
+    """One diffable thing in a tree: a regular file or a symbolic link (never followed).
+
+    Attributes:
+        path: host path (for a link: the link itself).
+        mode: git's mode, ``100644`` for a file, ``120000`` for a link.
+    """
+
+    path: Path
+    mode: str
+
+    def content(self) -> bytes:
+        """A file's bytes, or a link's target text (the link is never dereferenced).
+
+        Opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a regular file after the
+        open: a path swapped for a link or a FIFO after the walk is read as empty, never
+        followed or waited on.
+        """
+        if self.mode == _LINK_MODE:
+            return os.fsencode(os.readlink(self.path))
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return b""
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return b""
+            return f.read()
+
+
+_FILE_MODE, _LINK_MODE = "100644", "120000"
+
+
+def _tree_entries(root: Path) -> dict[str, _Entry]:
+    """Relative path -> entry, for every regular file and symlink under ``root``.
+
+    Symlinks (to files or folders, inside or outside ``root``) are entries of their own
+    and never followed; FIFOs, sockets and device files are skipped (never opened: a
+    FIFO would block the reader forever).
+    """
+    entries: dict[str, _Entry] = {}
+    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False
+        dirnames.sort()
+        names = list(filenames)
+        keep = []
+        for d in dirnames:
+            if d in IGNORED_NAMES:
+                continue
+            (names if os.path.islink(os.path.join(dirpath, d)) else keep).append(d)
+        dirnames[:] = keep
+        for name in names:
             if name.endswith(".pyc"):
                 continue
             path = Path(dirpath) / name
-            files[str(path.relative_to(root))] = path
-    return files
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISLNK(mode):
+                entries[str(path.relative_to(root))] = _Entry(path, _LINK_MODE)
+            elif stat.S_ISREG(mode):
+                entries[str(path.relative_to(root))] = _Entry(path, _FILE_MODE)
+    return entries
 
 
-def _read_lines(path: Path | None) -> list[str] | None:
-    """The file's lines with endings, [] for an absent file, None for a binary file."""
-    if path is None:
-        return []
+def _lines(data: bytes) -> list[str] | None:
+    """``data``'s lines with endings, None when it is not UTF-8 (a binary file)."""
     try:
-        return path.read_text(encoding="utf-8").splitlines(keepends=True)
-    except (UnicodeDecodeError, OSError):
+        return data.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
         return None
+
+
+def _file_diff(rel: str, a: _Entry | None, a_data: bytes, b: _Entry | None,
+               b_data: bytes) -> list[str]:
+    """The ``diff --git`` section of one path (``a`` or ``b`` None: added or removed)."""
+    a_lines, b_lines = _lines(a_data), _lines(b_data)
+    if a_lines is None or b_lines is None:
+        return [f"Binary files a/{rel} and b/{rel} differ\n"]
+    out = [f"diff --git a/{rel} b/{rel}\n"]
+    if a is None:
+        out.append(f"new file mode {b.mode}\n")
+    elif b is None:
+        out.append(f"deleted file mode {a.mode}\n")
+    for line in difflib.unified_diff(
+        a_lines, b_lines,
+        fromfile=f"a/{rel}" if a is not None else "/dev/null",
+        tofile=f"b/{rel}" if b is not None else "/dev/null",
+    ):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return out
 
 
 def unified_diff(old_root: Path, new_root: Path) -> str:
     """A ``git apply``-compatible unified diff from ``old_root`` to ``new_root``.
 
     Paths are relative with ``a/`` and ``b/`` prefixes; added and removed files use
-    ``/dev/null``; binary files are reported in a ``Binary files ... differ`` line.
+    ``/dev/null``; binary files are reported in a ``Binary files ... differ`` line. A
+    symlink is shown as git shows one (mode ``120000``, its target as the content) and is
+    never followed, so nothing outside the trees is read; special files are left out.
     """
-    old, new = _tree_files(old_root), _tree_files(new_root)
+    old, new = _tree_entries(old_root), _tree_entries(new_root)
     out: list[str] = []
     for rel in sorted(old.keys() | new.keys()):
         a, b = old.get(rel), new.get(rel)
-        if a is not None and b is not None and a.read_bytes() == b.read_bytes():
+        a_data = a.content() if a is not None else b""
+        b_data = b.content() if b is not None else b""
+        if a is not None and b is not None and a.mode == b.mode and a_data == b_data:
             continue
-        a_lines, b_lines = _read_lines(a), _read_lines(b)
-        if a_lines is None or b_lines is None:
-            out.append(f"Binary files a/{rel} and b/{rel} differ\n")
-            continue
-        out.append(f"diff --git a/{rel} b/{rel}\n")
-        if a is None:
-            out.append("new file mode 100644\n")
-        elif b is None:
-            out.append("deleted file mode 100644\n")
-        for line in difflib.unified_diff(
-            a_lines, b_lines,
-            fromfile=f"a/{rel}" if a is not None else "/dev/null",
-            tofile=f"b/{rel}" if b is not None else "/dev/null",
-        ):
-            out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+        if a is not None and b is not None and a.mode != b.mode:
+            # A file became a link or back: git writes a deletion and an addition.
+            out += _file_diff(rel, a, a_data, None, b"") + _file_diff(rel, None, b"", b, b_data)
+        else:
+            out += _file_diff(rel, a, a_data, b, b_data)
     return "".join(out)
 
 
@@ -190,6 +265,7 @@ class Workspace:
         self.uid = uid
         self._owns_root = owns_root
         self._running: set[asyncio.subprocess.Process] = set()
+        self._owner_lock_fd: int | None = None
         self.destroyed = False
 
     @classmethod
@@ -208,14 +284,19 @@ class Workspace:
         if not snapshot.is_dir():
             raise SandboxError(f"task snapshot {snapshot} is not a folder; build the tasks "
                                "first (python -m agents.envs.build) or fix the task's snapshot path.")
-        parent = Path(tempfile.mkdtemp(prefix="ws-", dir=root))
+        sweep_dead_owners(root)
+        parent = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX, dir=root))
+        lock_fd = _own(parent)
         path = parent / "workspace"
         shutil.copytree(snapshot, path, symlinks=True, ignore=_ignore)
         uid = None
         if isolation.as_root:
             uid = _UIDS.take(isolation.uid_base)
+            _kill_uid(uid)  # anything a dead former holder of the uid left behind
             _chown_tree(path, uid)
-        return cls(path, snapshot, isolation, limits or Limits(), uid, parent)
+        ws = cls(path, snapshot, isolation, limits or Limits(), uid, parent)
+        ws._owner_lock_fd = lock_fd
+        return ws
 
     # ------------------------------------------------------------------ commands
 
@@ -245,28 +326,41 @@ class Workspace:
         """
         self._check_alive()
         limits = limits or self.limits
-        argv = self.isolation.argv(self.path, self.uid, limits, self._nproc(limits), command)
-        out, err = CappedBuffer(limits.output_bytes), CappedBuffer(limits.output_bytes)
-        started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=self.path, env=self.isolation.env(), start_new_session=True,
-        )
+        # The caller's liveness pipe: only this process holds the write end (closed on
+        # exec in every child), so the sandbox sees EOF when the process dies.
+        alive_r, alive_w = os.pipe()
+        try:
+            argv = self.isolation.argv(self.path, self.uid, limits, self._nproc(limits),
+                                       command, alive_fd=alive_r)
+            out, err = CappedBuffer(limits.output_bytes), CappedBuffer(limits.output_bytes)
+            started = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=self.path, env=self.isolation.env(), start_new_session=True,
+                pass_fds=(alive_r,),
+            )
+        except BaseException:
+            os.close(alive_w)
+            raise
+        finally:
+            os.close(alive_r)
         self._running.add(proc)
+        io = [asyncio.ensure_future(self._drain(proc.stdout, out)),
+              asyncio.ensure_future(self._drain(proc.stderr, err))]
+        if stdin is not None:
+            io.append(asyncio.ensure_future(self._feed(proc, stdin)))
+        exited = asyncio.ensure_future(proc.wait())
         timed_out = False
         try:
-            io = [self._drain(proc.stdout, out), self._drain(proc.stderr, err)]
-            if stdin is not None:
-                io.append(self._feed(proc, stdin))
-            await asyncio.wait_for(asyncio.gather(*io, proc.wait()), timeout=limits.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
+            _done, pending = await asyncio.wait([*io, exited], timeout=limits.timeout_s)
+            timed_out = bool(pending)
         finally:
             # Always end the group: a command may leave children behind even on success.
             _kill_group(proc)
-            await proc.wait()
+            await _finish(proc, io, exited)
+            os.close(alive_w)
             self._running.discard(proc)
         return CommandResult(
             exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
@@ -330,15 +424,18 @@ class Workspace:
     def read_text(self, rel_path: str) -> str:
         """Read a workspace file as text (``SandboxError`` if missing or outside)."""
         path = self.resolve(rel_path)
-        if not path.is_file():
+        if not path.is_file():  # FIFOs, sockets and devices included: never opened
             raise SandboxError(f"no file {rel_path!r} in the workspace.")
-        return path.read_text(encoding="utf-8", errors="replace")
+        return _Entry(path, _FILE_MODE).content().decode("utf-8", errors="replace")
 
     def write_text(self, rel_path: str, text: str) -> None:
         """Write a workspace file (parents created), owned by the workspace user."""
         path = self.resolve(rel_path)
         if path.is_dir():
             raise SandboxError(f"{rel_path!r} is a folder, not a file.")
+        if path.exists() and not path.is_file():  # a FIFO would block the write forever
+            raise SandboxError(f"{rel_path!r} is a special file (FIFO, socket or device), "
+                               "not a regular file; write to another path.")
         new_dirs = [p for p in reversed(path.parents) if self.path in p.parents and not p.exists()]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -347,9 +444,28 @@ class Workspace:
                 os.chown(p, self.uid, self.uid)
 
     def diff(self) -> str:
-        """Unified diff from the snapshot to the workspace now (caches left out)."""
+        """Unified diff from the snapshot to the workspace now (caches left out).
+
+        Links are shown as links and special files skipped (``unified_diff``). Blocking
+        file I/O: from a coroutine use ``diff_async``.
+        """
         self._check_alive()
         return unified_diff(self.snapshot, self.path)
+
+    async def diff_async(self, timeout_s: float = DIFF_TIMEOUT_S) -> str:
+        """``diff()`` in a worker thread, so the event loop (the agent server's) keeps
+        serving while a large workspace is read.
+
+        Raises:
+            SandboxError: the diff took longer than ``timeout_s`` seconds (the thread is
+                left to finish; its result is dropped).
+        """
+        self._check_alive()
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.diff), timeout_s)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"diffing workspace {self.path} took longer than {timeout_s:g} s; "
+                               "the workspace holds too much changed data to diff.") from None
 
     # ------------------------------------------------------------------ end
 
@@ -366,7 +482,13 @@ class Workspace:
             _kill_uid(self.uid)
             _UIDS.give_back(self.uid)
         if self._owns_root is not None:
-            shutil.rmtree(self._owns_root, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._owns_root, ignore_errors=True)
+            self._release_owner_lock()
+
+    def _release_owner_lock(self) -> None:
+        if self._owner_lock_fd is not None:
+            os.close(self._owner_lock_fd)
+            self._owner_lock_fd = None
 
     def _check_alive(self) -> None:
         if self.destroyed:
@@ -377,6 +499,91 @@ class Workspace:
 
     async def __aexit__(self, *exc) -> None:
         await self.destroy()
+
+
+async def _finish(proc: asyncio.subprocess.Process, io: list[asyncio.Future],
+                  exited: asyncio.Future) -> None:
+    """Reap a killed command within ``DRAIN_AFTER_KILL_S``, whatever it left writing.
+
+    The drains keep reading after the kill (into the capped buffers), so a pipe that was
+    paused full reaches EOF once its writers are dead; ``proc.wait()`` only returns when
+    both pipes are closed. A writer the kill did not reach (one that left the process
+    group, possible only without isolation) would hold a pipe open forever: after the
+    bound the drains are cancelled and the pipes closed by closing the transport.
+    """
+    everything = [*io, exited]
+    _done, pending = await asyncio.wait(everything, timeout=DRAIN_AFTER_KILL_S)
+    if pending:
+        for f in io:
+            f.cancel()
+        # asyncio has no public call that closes a child's pipes; the transport's close
+        # does (and kills the child if it is still alive).
+        proc._transport.close()  # noqa: SLF001
+        await asyncio.wait(everything, timeout=DRAIN_AFTER_KILL_S)
+    for f in everything:  # retrieve outcomes so none is logged as never retrieved
+        if f.done() and not f.cancelled():
+            f.exception()
+        elif not f.done():
+            f.cancel()
+
+
+WORKSPACE_PREFIX = "misa-ws-"
+"""Name prefix of a workspace's folder (``<root>/misa-ws-XXXX/workspace``)."""
+
+OWNER_LOCK = "owner.lock"
+"""File in a workspace's folder, ``flock``-ed by the owning process while it lives."""
+
+
+def _own(parent: Path) -> int:
+    """Mark ``parent`` as owned by this process: an exclusive ``flock`` on its
+    ``OWNER_LOCK``, held until ``destroy`` or until the process dies (the kernel drops it).
+
+    The lock is taken on a temporary name and then renamed, so a concurrent sweep never
+    sees an ``OWNER_LOCK`` that nobody holds yet. The descriptor is not inherited by
+    commands (Python opens it close-on-exec).
+    """
+    tmp = parent / f".{OWNER_LOCK}.{os.getpid()}"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(tmp, parent / OWNER_LOCK)
+    return fd
+
+
+def sweep_dead_owners(root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the workspace folders under ``root`` (default: system temp) whose owner
+    process died without ``destroy`` (killed, crashed).
+
+    Called by every ``Workspace.create`` on its root, so a dead owner's folders go at the
+    next start there. A folder is removed only when it has this module's name prefix, an
+    ``OWNER_LOCK`` file, and that lock can be taken (its holder is gone; a pid is never
+    trusted, pids are reused). Processes of a dead owner's sandbox are gone already
+    (``IsolationConfig.argv``: they die with their launcher).
+
+    Returns:
+        The folders removed.
+    """
+    base = Path(root) if root is not None else Path(tempfile.gettempdir())
+    removed = []
+    try:
+        candidates = [p for p in base.iterdir() if p.name.startswith(WORKSPACE_PREFIX)]
+    except OSError:
+        return removed
+    for parent in candidates:
+        try:
+            fd = os.open(parent / OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue  # being created (lock not renamed in yet) or not ours
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # its owner lives
+        try:
+            shutil.rmtree(parent, ignore_errors=True)
+            removed.append(parent)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -145,13 +145,19 @@ async def grade_patch(task: Task, patch: str, test_patch: str = "",
 
     Returns:
         (resolved, detail): resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passes;
-        detail holds the per-test outcomes, or ``patch_error`` when the patch does not apply
-        (not resolved: the model's fault).
+        detail holds the per-test outcomes, ``empty_patch: True`` for an empty patch (no
+        test is run, as in the SWE-bench harness), or ``patch_error`` when the patch does not
+        apply (not resolved: the model's fault). A patch without a final newline gets one
+        (as the harness does) before ``git apply``.
 
     Raises:
         SandboxError: the snapshot is missing or the sandbox cannot start, or the
             instance's own ``test_patch`` does not apply (the instance's fault).
     """
+    if not patch.strip():  # as the SWE-bench harness: no tests run, reported as such
+        return False, {"empty_patch": True}
+    if not patch.endswith("\n"):  # the harness ensures the trailing newline git apply needs
+        patch += "\n"
     async with Workspace.create(task.snapshot, isolation=isolation, limits=limits) as ws:
         try:
             await ws.apply_patch(patch)
