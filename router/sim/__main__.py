@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
-from rl.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from rl.config import RECIPES_DIR, Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
 from router.policies import build_config, canonical_policy_name, registered_policy_names
 from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
 from router.sim.experiments import (
@@ -64,6 +64,8 @@ VALUE_RULES: dict[str, Rule] = {
     "workers": (number(whole=True, at_least=1), "a whole number of processes >= 1"),
     "mixture": (_shares, "shares per workload class >= 0 with a positive sum, e.g. {agent: 48.6, rlvr: 33.1}"),
     "context_limit_tokens": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),
+    "shapes": (or_null(lambda v: isinstance(v, list) and bool(v) and all(is_text(x) for x in v)),
+               "a non-empty list of model shapes, e.g. [step3.7-like,qwen3.6-like], or null"),
     "ceiling_scope": (lambda v: v in ("total", "per_instance"), "total or per_instance"),
     "prompt_text.chars_per_token": (number(above=0), "characters per token > 0, e.g. 4"),
     "agent_system_prompt_tokens": (number(whole=True, at_least=0), "a whole number of tokens >= 0"),
@@ -133,9 +135,13 @@ class Experiment:
         self.bs = int(raw["engine"]["block_size"])
         if cfg.trace:
             read_trace(cfg.trace)  # a malformed trace fails here, before any run starts
-        self.title = (f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds, "
-                      f"ceilings {cfg.ceiling_scope.replace('_', ' ')}")
+        self.title = self._title()
         self.completed: list[dict] = []  # every finished run, in finishing order
+
+    def _title(self) -> str:
+        cfg = self.cfg
+        return (f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds, "
+                f"ceilings {cfg.ceiling_scope.replace('_', ' ')}")
 
     def write_partial(self, why: str) -> str:
         """results.json with the runs finished so far (``"interrupted": why``); returns its path."""
@@ -211,6 +217,30 @@ class Experiment:
 
     # ------------------------------------------------------------------ experiments
     def table5(self) -> None:
+        """Table 5 on each of ``shapes`` (default: the ``sim`` group's shape), one folder each
+        when there are several; the headlines are printed last, one line per shape."""
+        names = list(self.cfg.shapes or [])
+        if not names:
+            print(self._table5_one())
+            return
+        base_out, heads = self.out, []
+        for name in names:
+            path = RECIPES_DIR / "sim" / f"{name}.yaml"
+            if not path.is_file():
+                raise SimUnknownNameError(f"shapes: no model shape {name!r} (recipes/sim/{name}.yaml); choose from: "
+                                          + ", ".join(sorted(p.stem for p in (RECIPES_DIR / "sim").glob("*.yaml"))))
+            self.raw["sim"] = OmegaConf.to_container(OmegaConf.load(path))
+            with as_sim_errors():
+                self.cluster = build_config(ClusterSpec, self.raw["sim"], f"sim ({name})")
+            self.title = self._title()
+            self.out = os.path.join(base_out, name)
+            os.makedirs(self.out, exist_ok=True)
+            self.completed = []  # an interruption keeps this shape's finished runs; earlier shapes are written
+            heads.append(f"[{name}] " + self._table5_one())
+        self.out = base_out
+        print("\n".join(heads))
+
+    def _table5_one(self) -> str:
         """Experiments 1-4 (see router/sim/experiments.py), against two baselines, each
         sweep-tuned over the static ceilings: ``vllm_router`` (the real vLLM Router's
         algorithm, the paper's baseline) and ``cache_aware`` on the exact KV-event index
@@ -250,7 +280,7 @@ class Experiment:
         plot_hit_rate(tls, os.path.join(self.out, "hit_rate.png"), f"prefix hit rate, {self.title}")
         plot_mixture({k: tls[k] for k in (base, "misa_t") if k in tls}, self.raw["mixture"],
                      os.path.join(self.out, "mixture.png"), f"consumed mixture, {self.title}")
-        print(head)
+        return head
 
     def _oracle_params(self, truth: dict, switch_s: float) -> dict:
         return {"switch_s": switch_s, **truth}
