@@ -22,12 +22,14 @@ from router.policies.registry import (
 )
 from router.policies.round_robin import RoundRobinConfig, RoundRobinPolicy
 from router.policies.session_admission import SessionAdmissionConfig, SessionAdmissionPolicy
+from router.policies.vllm_router import VllmRouterConfig, VllmRouterPolicy
 
-POLICY_NAMES: tuple[str, ...] = ("round_robin", "cache_aware", "session_admission", "misa", "misa_t")
-"""The built-in policies (paper section 5.1's four, plus round_robin)."""
+POLICY_NAMES: tuple[str, ...] = ("round_robin", "vllm_router", "cache_aware", "session_admission", "misa", "misa_t")
+"""The built-in policies (paper section 5.1's four, plus round_robin and the exact-index cache_aware anchor)."""
 
 for _name, _factory, _config in (
     ("round_robin", RoundRobinPolicy, RoundRobinConfig),
+    ("vllm_router", VllmRouterPolicy, VllmRouterConfig),
     ("cache_aware", CacheAwarePolicy, CacheAwareConfig),
     ("session_admission", SessionAdmissionPolicy, SessionAdmissionConfig),
     ("misa", MisaPolicy, MisaConfig),
@@ -56,4 +58,6 @@ __all__ = [
     "RoundRobinPolicy",
     "SessionAdmissionConfig",
     "SessionAdmissionPolicy",
+    "VllmRouterConfig",
+    "VllmRouterPolicy",
 ]

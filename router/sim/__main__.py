@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
-from rl.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from rl.config import RECIPES_DIR, Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
 from router.policies import build_config, canonical_policy_name, registered_policy_names
 from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
 from router.sim.experiments import (
@@ -31,9 +31,12 @@ from router.sim.experiments import (
     aggregate,
     best_sweep_label,
     check_policy_params,
+    composition_markdown,
     dump_json,
+    headline,
     per_class_markdown,
     run_all,
+    scale_counts,
     table5_markdown,
     with_params,
 )
@@ -61,6 +64,11 @@ VALUE_RULES: dict[str, Rule] = {
     "workers": (number(whole=True, at_least=1), "a whole number of processes >= 1"),
     "mixture": (_shares, "shares per workload class >= 0 with a positive sum, e.g. {agent: 48.6, rlvr: 33.1}"),
     "context_limit_tokens": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),
+    "shapes": (or_null(lambda v: isinstance(v, list) and bool(v) and all(is_text(x) for x in v)),
+               "a non-empty list of model shapes, e.g. [step3.7-like,qwen3.6-like], or null"),
+    "ceiling_scope": (lambda v: v in ("total", "per_instance"), "total or per_instance"),
+    "prompt_text.chars_per_token": (number(above=0), "characters per token > 0, e.g. 4"),
+    "agent_system_prompt_tokens": (number(whole=True, at_least=0), "a whole number of tokens >= 0"),
     "weight_sync_period_s": (or_null(number(above=0)), "seconds > 0, or null"),
     "trace": (or_null(is_text), "a JSONL trace path, or null"),
     "engine.block_size": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),
@@ -127,8 +135,13 @@ class Experiment:
         self.bs = int(raw["engine"]["block_size"])
         if cfg.trace:
             read_trace(cfg.trace)  # a malformed trace fails here, before any run starts
-        self.title = f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds"
+        self.title = self._title()
         self.completed: list[dict] = []  # every finished run, in finishing order
+
+    def _title(self) -> str:
+        cfg = self.cfg
+        return (f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds, "
+                f"ceilings {cfg.ceiling_scope.replace('_', ' ')}")
 
     def write_partial(self, why: str) -> str:
         """results.json with the runs finished so far (``"interrupted": why``); returns its path."""
@@ -137,20 +150,25 @@ class Experiment:
         return path
 
     def ceiling(self, c: int) -> int:
-        """A full-size ceiling scaled with the system."""
-        return max(1, round(c * self.cfg.scale))
+        """A full-size ceiling scaled with the system; ``ceiling_scope: per_instance`` reads
+        the recipes' ceilings as per replica (the trainer's limit is then times the replicas)."""
+        per = self.cluster.instances if self.cfg.ceiling_scope == "per_instance" else 1
+        return max(1, round(c * per * self.cfg.scale))
 
     def spec(self, label: str, policy: str, ceiling: int, seed: int, params: dict | None = None,
              **kw) -> RunSpec:
         """One run of ``policy`` (options: policy_params[policy] updated by ``params``)."""
         merged = dict(self.raw["policy_params"].get(policy, {}) or {})
         merged.update(params or {})
+        merged = scale_counts(policy, merged, float(self.cfg.scale))
         return RunSpec(
             label=label, cluster=self.cluster, policy=policy, params=merged, ceiling=ceiling, seed=seed,
             scale=float(self.cfg.scale), engine=self.raw["engine"], signals=self.raw["signals"],
             mixture=self.raw["mixture"], context_limit_tokens=int(self.cfg.context_limit_tokens),
             trace_path=self.cfg.trace, keep_timeline=(seed == self.seeds[0]),
-            weight_sync_period_s=self.cfg.weight_sync_period_s, **kw,
+            weight_sync_period_s=self.cfg.weight_sync_period_s,
+            chars_per_token=float(self.cfg.prompt_text.chars_per_token),
+            agent_system_prompt_tokens=int(self.cfg.agent_system_prompt_tokens), **kw,
         )
 
     def run(self, specs: list[RunSpec], what: str) -> list[dict]:
@@ -199,33 +217,70 @@ class Experiment:
 
     # ------------------------------------------------------------------ experiments
     def table5(self) -> None:
-        """Experiments 1-4 (see router/sim/experiments.py)."""
+        """Table 5 on each of ``shapes`` (default: the ``sim`` group's shape), one folder each
+        when there are several; the headlines are printed last, one line per shape."""
+        names = list(self.cfg.shapes or [])
+        if not names:
+            print(self._table5_one())
+            return
+        base_out, heads = self.out, []
+        for name in names:
+            path = RECIPES_DIR / "sim" / f"{name}.yaml"
+            if not path.is_file():
+                raise SimUnknownNameError(f"shapes: no model shape {name!r} (recipes/sim/{name}.yaml); choose from: "
+                                          + ", ".join(sorted(p.stem for p in (RECIPES_DIR / "sim").glob("*.yaml"))))
+            self.raw["sim"] = OmegaConf.to_container(OmegaConf.load(path))
+            with as_sim_errors():
+                self.cluster = build_config(ClusterSpec, self.raw["sim"], f"sim ({name})")
+            self.title = self._title()
+            self.out = os.path.join(base_out, name)
+            os.makedirs(self.out, exist_ok=True)
+            self.completed = []  # an interruption keeps this shape's finished runs; earlier shapes are written
+            heads.append(f"[{name}] " + self._table5_one())
+        self.out = base_out
+        print("\n".join(heads))
+
+    def _table5_one(self) -> str:
+        """Experiments 1-4 (see router/sim/experiments.py), against two baselines, each
+        sweep-tuned over the static ceilings: ``vllm_router`` (the real vLLM Router's
+        algorithm, the paper's baseline) and ``cache_aware`` on the exact KV-event index
+        (the best static placement; nobody ships it). The last line printed is the headline."""
         c = self.cluster
-        sweep = [f"cache_aware@{self.ceiling(x)}" for x in c.sweep_ceilings]
         safe = c.safe_ceiling(self.bs, self.cfg.scale, self.cfg.context_limit_tokens)
         high = self.ceiling(c.permissive_ceiling)
-        plan = [(lb, "cache_aware", self.ceiling(x)) for lb, x in zip(sweep, c.sweep_ceilings)]
-        plan += [("cache_aware (128K-safe)", "cache_aware", safe)]
+        sweeps = {b: [f"{b}@{self.ceiling(x)}" for x in c.sweep_ceilings] for b in ("vllm_router", "cache_aware")}
+        plan = [(lb, b, self.ceiling(x)) for b, labels in sweeps.items() for lb, x in zip(labels, c.sweep_ceilings)]
+        plan += [("vllm_router (128K-safe)", "vllm_router", safe)]
         plan += [(p, p, high) for p in ("session_admission", "misa", "misa_t", "aimd", "tool_pause")]
-        plan += [("cache_aware (high load)", "cache_aware", high)]
+        plan += [("vllm_router (high load)", "vllm_router", high)]
         specs = [self.spec(lb, p, ceil, s) for lb, p, ceil in plan for s in self.seeds]
         results = self.run(specs, f"table5 {c.name}")
         agg = aggregate(results)
-        base = best_sweep_label(agg, sweep)
-        order = ["cache_aware (128K-safe)", base, "session_admission", "misa", "misa_t", "aimd", "tool_pause",
-                 "cache_aware (high load)"]
+        base = best_sweep_label(agg, sweeps["vllm_router"])
+        exact = best_sweep_label(agg, sweeps["cache_aware"])
+        order = ["vllm_router (128K-safe)", base, exact, "session_admission", "misa", "misa_t", "aimd",
+                 "tool_pause", "vllm_router (high load)"]
         table = "\n\n".join([
             table5_markdown(agg, base, order, f"Table 5 ({self.title}); baseline: sweep-tuned {base}"),
+            table5_markdown(agg, exact, order, f"Table 5 ({self.title}); baseline: sweep-tuned {exact} "
+                            "(exact KV-event index, the best static placement)"),
             per_class_markdown(agg, order),
-            table5_markdown(agg, base, sweep, "The static-ceiling sweep of cache_aware"),
+            "Composition of the completed samples against the released ones (output tokens)\n\n"
+            + composition_markdown(agg, order),
+            table5_markdown(agg, base, sweeps["vllm_router"], "The static-ceiling sweep of vllm_router"),
+            table5_markdown(agg, exact, sweeps["cache_aware"], "The static-ceiling sweep of cache_aware (exact index)"),
         ])
-        self.write(results, agg, table, {"baseline": base, "safe_ceiling": safe, "permissive_ceiling": high})
-        tls = self.timelines(results, [base, "misa_t", "session_admission", "cache_aware (high load)"])
+        head = headline(agg, "misa_t", base, "vllm_router (sweep-tuned)")
+        self.write(results, agg, table + "\n\n" + head,
+                   {"baseline": base, "exact_baseline": exact, "safe_ceiling": safe, "permissive_ceiling": high,
+                    "headline": head})
+        tls = self.timelines(results, [base, exact, "misa_t", "session_admission", "vllm_router (high load)"])
         if "misa_t" in tls:
             plot_caps(tls["misa_t"], os.path.join(self.out, "caps_misa_t.png"), f"MISA-T caps, {self.title}")
         plot_hit_rate(tls, os.path.join(self.out, "hit_rate.png"), f"prefix hit rate, {self.title}")
         plot_mixture({k: tls[k] for k in (base, "misa_t") if k in tls}, self.raw["mixture"],
                      os.path.join(self.out, "mixture.png"), f"consumed mixture, {self.title}")
+        return head
 
     def _oracle_params(self, truth: dict, switch_s: float) -> dict:
         return {"switch_s": switch_s, **truth}

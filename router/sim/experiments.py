@@ -115,7 +115,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from router.policies import make_policy
+from router.policies import make_policy, policy_config_fields
 from router.sim.cost_model import HARDWARE, MODELS, RooflineCost, kv_blocks_for
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
@@ -123,7 +123,8 @@ from router.sim.simulator import SignalConfig, SimConfig, Simulation, WorkloadSh
 from router.sim.trace import read_trace
 from router.sim.workload import WorkloadConfig, generate_trace, paper_classes
 
-METRICS = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s", "decode_tok_s", "tv_distance")
+METRICS = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s", "decode_tok_s", "tv_distance",
+           "output_tokens_per_min", "length_adjusted_samples_per_min", "decode_tokens_per_sample")
 """Scalar metrics aggregated over seeds."""
 
 
@@ -186,14 +187,16 @@ class RunSpec:
     keep_timeline: bool = False
     record_truth: bool = False
     tags: dict = field(default_factory=dict)
+    chars_per_token: float = 4.0
+    agent_system_prompt_tokens: int = 3000
 
 
 @lru_cache(maxsize=4)
 def _trace(trace_path: str | None, seed: int, scale: float, tool_gap_share: float, turn_time_hint_s: float,
-           context_limit_tokens: int):
+           context_limit_tokens: int, agent_system_prompt_tokens: int = 3000):
     if trace_path:
         return read_trace(trace_path)
-    classes = paper_classes(context_limit_tokens, tool_gap_share, turn_time_hint_s)
+    classes = paper_classes(context_limit_tokens, tool_gap_share, turn_time_hint_s, agent_system_prompt_tokens)
     return generate_trace(WorkloadConfig(units=max(3, round(2466 * scale)), classes=classes,
                                          context_limit_tokens=context_limit_tokens, seed=seed))
 
@@ -213,7 +216,7 @@ def build_sim_config(spec: RunSpec) -> SimConfig:
     return SimConfig(
         instances=c.instances, engine=engine, cost=cost, mixture=dict(spec.mixture), ceiling=spec.ceiling,
         signals=signals, context_limit_tokens=spec.context_limit_tokens, shift=shift, seed=spec.seed,
-        weight_sync_period_s=spec.weight_sync_period_s,
+        weight_sync_period_s=spec.weight_sync_period_s, chars_per_token=spec.chars_per_token,
     )
 
 
@@ -224,7 +227,7 @@ def run_one(spec: RunSpec, progress: Callable[[float], None] | None = None) -> d
     """
     c = spec.cluster
     sessions = _trace(spec.trace_path, spec.seed, spec.scale, c.tool_gap_share, c.turn_time_hint_s,
-                      spec.context_limit_tokens)
+                      spec.context_limit_tokens, spec.agent_system_prompt_tokens)
     cfg = build_sim_config(spec)
     sim = Simulation(cfg, sessions, make_policy(spec.policy, spec.params))
     result = sim.run(progress)
@@ -367,6 +370,12 @@ def aggregate(results: list[dict]) -> dict[str, dict]:
                 comp.setdefault(b, {})[q] = statistics.fmean(vals)
         row["completion_s"] = comp
         row["preemptions"] = statistics.fmean(r["summary"]["preemptions"] for r in rs)
+        comp_rows: dict[str, dict[str, float]] = {}
+        for r in rs:
+            for b, fig in r["summary"].get("composition", {}).items():
+                for k, v in fig.items():
+                    comp_rows.setdefault(b, {}).setdefault(k, []).append(v)
+        row["composition"] = {b: {k: statistics.fmean(v) for k, v in figs.items()} for b, figs in comp_rows.items()}
         out[label] = row
     return out
 
@@ -381,8 +390,9 @@ def table5_markdown(agg: dict[str, dict], baseline: str, order: list[str], title
     """A table like the paper's Table 5: change vs ``baseline`` (mean ± std over seeds, %)."""
     base = agg[baseline]
     lines = [f"### {title}", "",
-             "| Router | ceiling | Sample rate | RPM | Prefill TPS | Decode TPS | Prefix hit | TV dist (pp) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| Router | ceiling | Sample rate | RPM | Prefill TPS | Decode TPS | Prefix hit | TV dist (pp) "
+             "| Output tok/min | Length-adj. samples/min | Decode tok/sample |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label in order:
         if label not in agg:
             continue
@@ -393,8 +403,14 @@ def table5_markdown(agg: dict[str, dict], baseline: str, order: list[str], title
             cells.append(f"{d:+.1f}% ± {s:.1f}")
         hit = row["prefix_hit_rate"]
         tv = row["tv_distance"]
+        comp = []
+        for m in ("output_tokens_per_min", "length_adjusted_samples_per_min"):
+            d, s = _rel(row, base, m)
+            comp.append(f"{d:+.1f}% ± {s:.1f}")
+        per = row["decode_tokens_per_sample"]
         lines.append(f"| {label} | {row['ceiling']} | " + " | ".join(cells)
-                     + f" | {100 * hit['mean']:.1f}% ± {100 * hit['std']:.1f} | {100 * tv['mean']:.2f} |")
+                     + f" | {100 * hit['mean']:.1f}% ± {100 * hit['std']:.1f} | {100 * tv['mean']:.2f} | "
+                     + " | ".join(comp) + f" | {per['mean']:.0f} |")
     b = base
     lines += ["", f"Baseline {baseline}: {b['samples_per_min']['mean']:.2f} samples/min, "
               f"{b['requests_per_min']['mean']:.1f} requests/min, {b['prefill_tok_s']['mean']:.0f} prefill tok/s, "
@@ -417,6 +433,36 @@ def per_class_markdown(agg: dict[str, dict], order: list[str]) -> str:
     return "\n".join(lines)
 
 
+def composition_markdown(agg: dict[str, dict], order: list[str]) -> str:
+    """Per class and in total: decode tokens per completed sample and output-token
+    quantiles p10/p50/p90, completed (in the window) vs released (mean over seeds)."""
+    lines = ["| Router | class | decode tok/sample (completed / released) | p10 | p50 | p90 "
+             "(completed / released) | output tok/min | length-adj. samples/min |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label in order:
+        comp = agg.get(label, {}).get("composition", {})
+        for b in [c for c in ("agent", "rlvr", "rlhf") if c in comp] + [c for c in comp if c not in
+                                                                       ("agent", "rlvr", "rlhf", "total")] + ["total"]:
+            if b not in comp:
+                continue
+            f = comp[b]
+            qs = [f"{f[f'completed_p{q}']:.0f} / {f[f'released_p{q}']:.0f}" for q in (10, 50, 90)]
+            lines.append(f"| {label} | {b} | {f['decode_tokens_per_sample']:.0f} / "
+                         f"{f['released_decode_tokens_per_sample']:.0f} | " + " | ".join(qs)
+                         + f" | {f['output_tokens_per_min']:.0f} | {f['length_adjusted_samples_per_min']:.2f} |")
+    return "\n".join(lines)
+
+
+def headline(agg: dict[str, dict], label: str, baseline: str, baseline_name: str) -> str:
+    """``misa_t vs vllm_router (sweep-tuned): +X.X% ± Y.Y samples/min, +Z.Z% output tokens/min``
+    (means over seeds relative to the baseline's mean; ± the spread over seeds, in %)."""
+    if label not in agg or baseline not in agg:
+        return f"{label} vs {baseline_name}: not measured"
+    d, s = _rel(agg[label], agg[baseline], "samples_per_min")
+    o, _ = _rel(agg[label], agg[baseline], "output_tokens_per_min")
+    return f"{label} vs {baseline_name}: {d:+.1f}% ± {s:.1f} samples/min, {o:+.1f}% output tokens/min"
+
+
 def best_sweep_label(agg: dict[str, dict], labels: list[str]) -> str:
     """The sweep run with the highest mean sample rate (the paper's sweep-tuned baseline)."""
     present = [lb for lb in labels if lb in agg]
@@ -434,6 +480,29 @@ def check_policy_params(policy: str, params: dict) -> None:
     """
     with as_sim_errors():
         make_policy(policy, params)
+
+
+SCALED_COUNT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "vllm_router": ("balance_abs_threshold",),
+    "cache_aware": ("balance_abs_threshold",),
+}
+"""Options that are absolute counts of the served system (in-flight requests), given for
+the paper-sized system and multiplied by ``scale`` in a run (rounded, at least 1): at
+scale s the system holds s times the units, so the same load gap is s times smaller.
+Not scaled: ``max_tree_size`` (a bound on the router's memory, not on the system) and the
+ratios (thresholds in [0, 1], ``balance_rel_threshold``)."""
+
+
+def scale_counts(policy: str, params: dict, scale: float) -> dict:
+    """``params`` with the policy's ``SCALED_COUNT_OPTIONS`` (value or default) times ``scale``."""
+    names = SCALED_COUNT_OPTIONS.get(policy, ())
+    if not names or scale == 1:
+        return params
+    defaults = policy_config_fields(policy)
+    out = dict(params)
+    for n in names:
+        out[n] = max(1, round(float(params.get(n, defaults[n])) * scale))
+    return out
 
 
 def with_params(spec: RunSpec, **changes: Any) -> RunSpec:

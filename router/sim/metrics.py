@@ -125,6 +125,68 @@ def unit_figures(units: Iterable, rho: Mapping[str, float], t0: float, t1: float
     }
 
 
+def unit_output_tokens(session, context_limit_tokens: int) -> int:
+    """Decode tokens a unit generates when it completes: each request's output clipped at
+    the context limit (max_tokens = limit - prompt, as the simulator sends them)."""
+    return sum(max(1, min(r.output_tokens, context_limit_tokens - r.prompt_tokens)) for r in session.requests)
+
+
+_QUANTILES = (10, 50, 90)
+
+
+def composition(units: Iterable, output_tokens: Mapping[str, int], t0: float, t1: float) -> dict:
+    """What the completed samples are made of, against what was released, per class and ``total``.
+
+    Args:
+        units: trainer ``UnitRecord`` values (every released unit).
+        output_tokens: decode tokens of each unit (``unit_output_tokens``), by unit id.
+        t0, t1: the measurement window (s); a unit counts as completed when it completed in it.
+
+    Returns ``{class or "total": {...}}`` with:
+        ``decode_tokens_per_sample``: mean output tokens of a completed unit;
+        ``released_decode_tokens_per_sample``: the same over every released unit;
+        ``completed_p10/p50/p90``, ``released_p10/p50/p90``: output-token quantiles;
+        ``output_tokens_per_min``: completed units' output tokens per minute of window;
+        ``length_adjusted_samples_per_min``: ``output_tokens_per_min`` divided by the
+        released mean output per unit of the class, i.e. samples/min counted in samples
+        of the *released* length distribution's mean: a policy that completes only the
+        short samples of a class inside the window gets no credit for their shortness.
+        The total sums the classes' figures (each class in its own released mean), so
+        it is also free of which classes' samples complete.
+    """
+    minutes = max(t1 - t0, 1e-9) / 60
+    done: dict[str, list[int]] = {}
+    released: dict[str, list[int]] = {}
+    for u in units:
+        n = output_tokens[u.unit_id]
+        released.setdefault(u.workload_class, []).append(n)
+        if u.completed_s is not None and t0 <= u.completed_s <= t1:
+            done.setdefault(u.workload_class, []).append(n)
+    out: dict[str, dict] = {}
+    for b in sorted(released):
+        out[b] = _composition_row(done.get(b, []), released[b], minutes)
+    total = _composition_row([n for v in done.values() for n in v], [n for v in released.values() for n in v],
+                             minutes)
+    total["length_adjusted_samples_per_min"] = sum(r["length_adjusted_samples_per_min"] for r in out.values())
+    out["total"] = total
+    return out
+
+
+def _composition_row(done: list[int], released: list[int], minutes: float) -> dict:
+    rel_mean = float(np.mean(released)) if released else 0.0
+    row = {
+        "samples": len(done),
+        "decode_tokens_per_sample": float(np.mean(done)) if done else 0.0,
+        "released_decode_tokens_per_sample": rel_mean,
+        "output_tokens_per_min": float(sum(done)) / minutes,
+        "length_adjusted_samples_per_min": float(sum(done)) / minutes / rel_mean if rel_mean else 0.0,
+    }
+    for q in _QUANTILES:
+        row[f"completed_p{q}"] = float(np.percentile(done, q)) if done else 0.0
+        row[f"released_p{q}"] = float(np.percentile(released, q)) if released else 0.0
+    return row
+
+
 def policy_caps(state: object, prefix: str = "") -> dict[str, float]:
     """Numeric entries of a policy's ``state()`` whose key path mentions "cap" (flattened with '.')."""
     out: dict[str, float] = {}
@@ -157,6 +219,9 @@ def summarize(sim: Simulation, n_events: int) -> dict:
     in_win = (fin >= t0) & (fin <= t1)
     prompts = np.asarray(sim.log.prompt_tokens)
     units = unit_figures(sim.trainer.units.values(), sim.trainer.rho, t0, t1)
+    limit = sim.cfg.context_limit_tokens
+    out_tokens = {s.unit_id: unit_output_tokens(s, limit) for s in sim.trainer.sessions}
+    comp = composition(sim.trainer.units.values(), out_tokens, t0, t1)
     gap, model = sim.log.agent_gap_s, sim.log.agent_model_s
     return {
         "window_s": [t0, t1],
@@ -168,6 +233,10 @@ def summarize(sim: Simulation, n_events: int) -> dict:
         "consumed_mixture": units["consumed_mixture"],
         "tv_distance": units["tv_distance"],
         "completion_s": units["completion_s"],
+        "composition": comp,
+        "output_tokens_per_min": comp["total"]["output_tokens_per_min"],
+        "length_adjusted_samples_per_min": comp["total"]["length_adjusted_samples_per_min"],
+        "decode_tokens_per_sample": comp["total"]["decode_tokens_per_sample"],
         "engine_busy_frac": dbusy / (dur_s * len(sim.engines)),
         "preemptions": int(dpre),
         "agent_tool_gap_share": gap / (gap + model) if gap + model else 0.0,

@@ -67,6 +67,7 @@ from router.policies.base import (
 )
 from router.prefix_index import chain_hashes
 from router.sim.block_hashes import SessionChain
+from router.sim.prompt_text import PromptTexts
 from router.sim.engine import Engine, EngineConfig, SimRequest
 from router.sim.errors import SimError
 from router.sim.metrics import RequestLog, summarize
@@ -126,6 +127,8 @@ class SimConfig:
         weight_sync_period_s: reset every engine's prefix cache this often (None: never).
         shift: optional workload shift.
         seed: RNG seed of signal loss.
+        chars_per_token: prompt text length per token, for policies that match on text
+            (``needs_prompt_text``, e.g. vllm_router; ``router/sim/prompt_text.py``).
     """
 
     instances: int
@@ -143,6 +146,7 @@ class SimConfig:
     weight_sync_period_s: float | None = None
     shift: WorkloadShift | None = None
     seed: int = 0
+    chars_per_token: float = 4.0
 
 
 @dataclass
@@ -231,6 +235,9 @@ class Simulation:
         self._latest: dict[str, tuple[InstanceMetrics, float]] = {}
         self._rng = random.Random(config.seed)
         self._shared_chains: dict = {}
+        # prompt text only for a policy that reads it (building it costs memory and time)
+        self._texts = (PromptTexts(config.chars_per_token, config.seed)
+                       if getattr(policy, "needs_prompt_text", False) else None)
         self._keys: dict[str, int] = {}
         self.log = RequestLog()
         self.timeline: list[dict] = []
@@ -348,6 +355,7 @@ class Simulation:
             request_id=f"{s.session_id}#{rec.turn}", session_id=s.session_id, workload_class=s.workload_class,
             group_id=s.group_id, unit_id=s.unit_id, session_end=bool(rec.session_end),
             prompt_tokens=rec.prompt_tokens, block_hashes=tuple(stream[:n_prompt_blocks]),
+            prompt_text=self._texts.prompt(s, rec) if self._texts is not None else "",
             max_tokens=max(1, limit - rec.prompt_tokens), arrival_s=self.now,
         )
         return SimRequest(req, output, stream)

@@ -86,14 +86,24 @@ class ClassSpec:
 
 
 def paper_classes(context_limit_tokens: int = 131072, tool_gap_share: float = 0.066,
-                  turn_time_hint_s: float = 8.0) -> dict[str, ClassSpec]:
-    """The three classes with Table 2's quantiles (and Table 3's tool share, Step3.7 by default)."""
+                  turn_time_hint_s: float = 8.0, agent_system_prompt_tokens: int = 3000) -> dict[str, ClassSpec]:
+    """The three classes with Table 2's quantiles (and Table 3's tool share, Step3.7 by default).
+
+    ``agent_system_prompt_tokens``: the agent class prefix. The paper gives no system-prompt
+    length; 3,000 tokens against the task prompt's p50 of 1,500 makes it 2/3 of a median
+    first-turn agent prompt (4,500 tokens, well under Table 2's agent input p50).
+
+    Raises:
+        SimError: a negative system prompt length.
+    """
+    if agent_system_prompt_tokens < 0:
+        raise SimError(f"agent_system_prompt_tokens must be >= 0, got {agent_system_prompt_tokens}")
     cap = context_limit_tokens
     return {
         "agent": ClassSpec(
             prompt=LengthDist(1500, 6000, 64, cap // 4), output=LengthDist(148, 1612, 1, 16384), group_size=4,
             turns="multi", input_p50=37757, input_p95=103209, turns_mean=73659 / 1058,
-            class_prefix_tokens=3000, tool_gap_share=tool_gap_share, turn_time_hint_s=turn_time_hint_s,
+            class_prefix_tokens=agent_system_prompt_tokens, tool_gap_share=tool_gap_share, turn_time_hint_s=turn_time_hint_s,
         ),
         "rlhf": ClassSpec(prompt=LengthDist(60, 2564, 1, 2564), output=LengthDist(7344, 24447, 1, cap), group_size=4),
         "rlvr": ClassSpec(prompt=LengthDist(156, 1129, 1, 1277), output=LengthDist(47583, 130815, 1, cap), group_size=8),

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.slow  # each test starts a Python process with Hydra (a
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def run_cli(*overrides: str, tmp_path: Path, timeout_s: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "router.sim", *overrides, f"out_dir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout_s)
 
 
 def test_unknown_experiment_is_one_clear_error(tmp_path):
@@ -54,3 +54,16 @@ def test_malformed_trace_is_reported_before_the_run(tmp_path):
     assert p.returncode == 2  # a bad value, as an unknown name
     assert "bad.jsonl:1: field 'prompt_tokens'" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_table5_reports_both_baselines_the_composition_and_ends_with_the_headline(tmp_path):
+    # 11 tiny runs: ~20 s on an idle core; the limit is for a loaded machine
+    p = run_cli("experiment=table5", "seeds=[0]", "scale=0.05", "workers=1", "sim.sweep_ceilings=[64,128]",
+                tmp_path=tmp_path, timeout_s=1200)
+    assert p.returncode == 0, p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    assert last.startswith("misa_t vs vllm_router (sweep-tuned): ") and "samples/min" in last
+    assert "output tokens/min" in last
+    table = next(tmp_path.glob("table5-*/table.md")).read_text()
+    assert "baseline: sweep-tuned vllm_router@" in table and "baseline: sweep-tuned cache_aware@" in table
+    assert "Composition of the completed samples" in table and "| total |" in table

@@ -216,3 +216,17 @@ def test_a_tiny_scale_run_terminates_with_every_unit_complete(scale):
     assert cluster.kv_blocks(256, scale, 131072) * 256 >= 131072
     summary = run_one(spec)["summary"]
     assert summary["units_completed"] == summary["units_released"] > 0
+
+
+def test_vllm_router_runs_in_the_simulator_on_synthetic_text(mini_trace):
+    # The text tree is fed at routing time from the synthetic prompts: the policy sees text
+    # (it records tree characters) and places every request; the run completes every unit.
+    cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=16,
+                    context_limit_tokens=LIMIT, chars_per_token=4.0)
+    policy = make_policy("vllm_router", {"balance_abs_threshold": 4})
+    summary = Simulation(cfg, mini_trace, policy).run().summary
+    assert summary["units_completed"] == summary["units_released"]
+    assert sum(policy.tree.tenant_sizes_chars().values()) > 0
+    assert policy.decisions.get("session_id_match", 0) > 0 and policy.decisions.get("full_history_match", 0) > 0
+    assert summary["composition"]["total"]["samples"] > 0

@@ -1,0 +1,185 @@
+"""vllm_router: the real vLLM Router's ``cache_aware`` policy, point by point (the baseline users run).
+
+What vllm-router 0.1.17 (PyPI ``vllm-router``; ``src/policies/cache_aware.rs`` and
+``src/tree.rs`` of vllm-project/router) does with one request, and where it is here:
+
+1. **Load** is in-flight requests per worker (``InstanceView.in_flight``), min and max
+   taken over *every* worker, healthy or not.
+2. **Imbalance**: ``(max - min) > balance_abs_threshold`` AND ``max > min *
+   balance_rel_threshold`` -> the healthy worker with the fewest in flight (first in
+   order on ties). The request's text is still inserted there (and its session mapped).
+3. Otherwise, **session key** (chat requests carrying ``X-Session-Id``, which every
+   rollout request here does; ``session_affinity``): a session seen before goes back to
+   its worker if that worker is healthy. A new session, or one whose worker is unhealthy,
+   is placed by the text probe (4) on the full history text.
+4. **Text probe** on an approximate radix tree over request *text*
+   (:class:`~router.policies.approx_tree.ApproxPrefixTree`, ``lru="vllm_router"``):
+   ``match_rate = matched chars / text chars``; if ``match_rate > cache_threshold`` the
+   tenant that *created* the deepest matched node (the tie rule of ``tree.rs``), else the
+   healthy worker with the fewest in flight. (The source's header comment says "smallest
+   tree" for the low-match case; the code picks the least-loaded worker, and so does
+   this.) A matched tenant that is no longer healthy is removed from the tree and the
+   first healthy worker is taken.
+5. The chosen worker's tree learns the text at routing time; the tree is never told
+   about engine-side evictions or cache resets (KV events are ignored: the router cannot
+   see the engines' caches). Each worker's share of the tree is bounded to
+   ``max_tree_size`` characters by LRU-leaf eviction every ``eviction_interval_s``,
+   counted from the policy's first call (the real router's background timer); session
+   entries idle for an hour, or beyond ``max_tree_size`` of them, go at the same time.
+
+Command-line defaults (``vllm-router --help``, 0.1.17): cache_threshold 0.3,
+balance_abs_threshold 64, balance_rel_threshold 1.5, eviction interval 120 s, max tree
+size 33,554,432. Written for this project from reading that source; no code is shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.policies.approx_tree import ApproxPrefixTree
+from router.policies.base import (
+    Admit,
+    ClusterView,
+    Decision,
+    Event,
+    Hold,
+    InstanceView,
+    PolicyStats,
+    Request,
+)
+from router.policies.placement import least_loaded
+
+
+@dataclass(frozen=True)
+class VllmRouterConfig:
+    """Options of vllm_router; defaults are vllm-router 0.1.17's command line."""
+
+    cache_threshold: float = 0.3
+    """``--cache-threshold``: follow the tree only when more than 30% of the text matched."""
+    balance_abs_threshold: int = 64
+    """``--balance-abs-threshold``: an in-flight gap of up to 64 requests is not imbalance."""
+    balance_rel_threshold: float = 1.5
+    """``--balance-rel-threshold``: ... nor is a max load up to 1.5x the min load."""
+    eviction_interval_s: float = 120.0
+    """``--eviction-interval-secs``: period of the tree's LRU eviction."""
+    max_tree_size: int = 33_554_432
+    """``--max-tree-size``: characters per worker in the tree (also the session-map bound)."""
+    session_affinity: bool = True
+    """Route a known ``X-Session-Id`` to its worker (the chat path with a session header)."""
+    session_ttl_s: float = 3600.0
+    """``SESSION_ENTRY_TTL_SECS``: a session entry untouched this long is dropped at eviction."""
+    no_healthy_recheck_s: float = 1.0
+    """Hold delay when no worker is healthy (the real router answers 503): a probe period."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 0:
+            raise ValueError("balance_abs_threshold and balance_rel_threshold must be >= 0")
+        if min(self.eviction_interval_s, self.session_ttl_s, self.no_healthy_recheck_s) <= 0 or self.max_tree_size < 1:
+            raise ValueError("eviction_interval_s, session_ttl_s, no_healthy_recheck_s and max_tree_size must be > 0")
+
+
+class VllmRouterPolicy:
+    """vllm-router's cache_aware placement (module docstring); holds only when no worker is healthy.
+
+    ``decisions`` counts the branches by the real router's metric labels
+    (``vllm_router_cache_aware_decisions``): load_balance, session_id_match,
+    full_history_match, full_history_low_match, cache_affinity, low_match_min_load,
+    stale_tenant_fallback, first_healthy_fallback, empty_history_min_load.
+    """
+
+    name = "vllm_router"
+    needs_prompt_text = True
+    """The transport must fill ``Request.prompt_text`` (the simulator synthesises it)."""
+
+    def __init__(self, config: VllmRouterConfig | None = None) -> None:
+        self.config = config or VllmRouterConfig()
+        self.stats = PolicyStats()
+        self.tree = ApproxPrefixTree(lru="vllm_router")
+        self.sessions: dict[str, tuple[str, float]] = {}  # session id -> (instance, last access s)
+        self.decisions: dict[str, int] = {}
+        self._next_eviction_s: float | None = None
+
+    # ------------------------------------------------------------------ decide
+    def decide(self, request: Request, view: ClusterView, now: float) -> Decision:
+        """Admit on the least-loaded worker (imbalance), the session's worker, or the tree's pick."""
+        self._maybe_evict(now)
+        healthy = view.healthy()
+        if not healthy:
+            self.stats.holds += 1
+            return Hold(self.config.no_healthy_recheck_s, reason="no healthy instance")
+        cfg = self.config
+        loads = [v.in_flight for v in view.instances]  # every worker, as cache_aware.rs
+        max_load, min_load = max(loads), min(loads)
+        session_keyed = cfg.session_affinity and bool(request.session_id)
+        text = request.prompt_text
+        if max_load - min_load > cfg.balance_abs_threshold and max_load > min_load * cfg.balance_rel_threshold:
+            chosen, decision = least_loaded(healthy), "load_balance"
+        elif session_keyed:
+            chosen, decision = self._by_session(request.session_id, text, healthy)
+        else:
+            chosen, decision = self._probe(text, healthy, "cache_affinity", "low_match_min_load",
+                                           "first_healthy_fallback")
+        if session_keyed:
+            self.sessions[request.session_id] = (chosen.instance, now)
+        if text:
+            self.tree.insert(text, chosen.instance)
+        self.decisions[decision] = self.decisions.get(decision, 0) + 1
+        self.stats.admits += 1
+        return Admit(chosen.instance, reason=decision)
+
+    def _by_session(self, session_id: str, text: str, healthy: tuple[InstanceView, ...]) -> tuple[InstanceView, str]:
+        entry = self.sessions.get(session_id)
+        if entry is not None:
+            hit = next((v for v in healthy if v.instance == entry[0]), None)
+            if hit is not None:
+                return hit, "session_id_match"
+            del self.sessions[session_id]  # its worker is gone: probe the history instead
+        if not text:
+            return least_loaded(healthy), "empty_history_min_load"
+        return self._probe(text, healthy, "full_history_match", "full_history_low_match", "stale_tenant_fallback")
+
+    def _probe(self, text: str, healthy: tuple[InstanceView, ...], match: str, low: str,
+               stale: str) -> tuple[InstanceView, str]:
+        """The tree's pick when match_rate > cache_threshold, else the least-loaded worker."""
+        tenant, matched = self.tree.prefix_match(text)
+        rate = matched / len(text) if text else 0.0
+        if rate <= self.config.cache_threshold or tenant is None:
+            return least_loaded(healthy), low
+        hit = next((v for v in healthy if v.instance == tenant), None)
+        if hit is not None:
+            return hit, match
+        self.tree.remove_tenant(tenant)  # a stale worker: forget it, take the first healthy one
+        return healthy[0], stale
+
+    # ------------------------------------------------------------------ timer
+    def _maybe_evict(self, now: float) -> None:
+        if self._next_eviction_s is None:
+            self._next_eviction_s = now + self.config.eviction_interval_s
+        elif now >= self._next_eviction_s:
+            cfg = self.config
+            self.tree.evict(cfg.max_tree_size)
+            live = {s: e for s, e in self.sessions.items() if e[1] >= now - cfg.session_ttl_s}
+            if len(live) > cfg.max_tree_size:
+                keep = sorted(live.items(), key=lambda kv: kv[1][1])[len(live) - cfg.max_tree_size:]
+                live = dict(keep)
+            self.sessions = live
+            self._next_eviction_s = now + cfg.eviction_interval_s
+
+    def observe(self, event: Event) -> None:
+        """Only the clock (the eviction timer): the real router sees no KV events or resets."""
+        self._maybe_evict(event.now)
+
+    def state(self) -> dict:
+        """Decision counts by branch, tree sizes, session-map size."""
+        sizes = self.tree.tenant_sizes_chars()
+        return {
+            "policy": self.name,
+            "admits": self.stats.admits,
+            "holds": self.stats.holds,
+            "decisions": dict(self.decisions),
+            "tree_chars": sizes,
+            "sessions": len(self.sessions),
+            "ledger_sizes": {"tree_chars": sum(sizes.values()), "sessions": len(self.sessions)},
+        }
