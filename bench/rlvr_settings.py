@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -77,7 +78,7 @@ async def sample_setting(url: str, tok, prompts: dict[str, list], samples: int,
 
         async def one(p, j):
             ids = tok.apply_chat_template(list(p.messages), tokenize=True, add_generation_prompt=True)
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            ids = list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
             async with sem:
                 c = await client.complete(ids, max_tokens, end_id,
                                           SessionHeaders(f"{p.prompt_id}-{j}", "rlvr"), True)

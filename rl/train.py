@@ -161,10 +161,16 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
 
         ec = tcfg.eval
         res = await evaluate_async(
-            [arithmetic_heldout_benchmark(int(ec.problems), seed=int(cfg.seed))], stack.router_url,
-            name, EvalSettings(n=int(ec.n), ks=tuple(int(k) for k in ec.ks),
-                               max_tokens=int(ec.max_tokens), seed=int(cfg.seed),
-                               run_id=f"{run_dir.name}-eval-v{version}"),
+            [arithmetic_heldout_benchmark(int(ec.problems), seed=int(cfg.seed),
+                                          levels=tuple(int(x) for x in ec.levels))],
+            stack.router_url, name,
+            EvalSettings(n=int(ec.n), ks=tuple(int(k) for k in ec.ks),
+                         temperature=float(ec.temperature), top_p=float(ec.top_p),
+                         max_tokens=int(ec.max_tokens), seed=int(cfg.seed),
+                         # seeded requests kill a vLLM 0.32 CPU engine core (rl.eval's
+                         # eval.request_seeds=auto makes the same choice)
+                         request_seeds=cfg.engine.kind != "cpu",
+                         run_id=f"{run_dir.name}-eval-v{version}"),
             out_dir=run_dir / "eval" / f"v{version}", progress=False)
         return {f"eval/{bench}/{metric}": v["mean"] for bench, r in res.items()
                 for metric, v in r["metrics"].items()}
