@@ -92,6 +92,13 @@ class GRPOLossConfig:
             sequences * budget_tokens); Dr. GRPO, no length normalisation).
         budget_tokens: the constant of ``seq_sum_budget`` (the generation budget).
         scale_adv_by_std: divide advantages by the group std (False for Dr. GRPO).
+        tis_cap: truncated importance sampling (as slime and verl offer): each token's
+            policy-gradient loss is multiplied by w_t = min(exp(logp_learner_t -
+            logp_engine_t), tis_cap), the learner's log-prob taken under the weights of the
+            step (detached), and the PPO ratio is taken against the learner's log-prob
+            instead of the engine's. It corrects for the engine sampling from a slightly
+            different distribution (kernels, precision, a stale or broken weight sync).
+            None = off (the ratio is taken against the engine's log-probs).
     """
 
     eps_low: float = 0.2
@@ -100,6 +107,7 @@ class GRPOLossConfig:
     loss_agg: LossAgg = "token_mean"
     budget_tokens: int = 1024
     scale_adv_by_std: bool = True
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         if not (0 < self.eps_low < 1 and self.eps_high > 0):
@@ -110,6 +118,9 @@ class GRPOLossConfig:
                             "seq_mean_token_mean or seq_sum_budget")
         if self.budget_tokens < 1 or self.kl_coef < 0:
             raise GRPOError("budget_tokens must be >= 1 and kl_coef >= 0")
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise GRPOError(f"tis_cap={self.tis_cap}: give a cap > 0 (slime and verl use 2), "
+                            "or null to turn truncated importance sampling off")
 
     @classmethod
     def dr_grpo(cls, budget_tokens: int, **kw) -> "GRPOLossConfig":
@@ -132,7 +143,10 @@ def policy_loss_per_token(new_logp: torch.Tensor, old_logp: torch.Tensor,
     """Clipped surrogate loss per token (to minimise).
 
     l_t = -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) + kl_coef * k3_t, with
-    rho_t = exp(new_logp_t - old_logp_t) and A the sequence's advantage.
+    rho_t = exp(new_logp_t - old_logp_t) and A the sequence's advantage. With
+    ``cfg.tis_cap`` the policy-gradient part is w_t * -min(...) with
+    w_t = min(exp(sg(new_logp_t) - old_logp_t), tis_cap) and rho_t = exp(new_logp_t -
+    sg(new_logp_t)) (sg = stop-gradient: the learner's own log-prob before the step).
 
     Args:
         new_logp: [B, T] log-probs under the policy being trained (with grad).
@@ -142,7 +156,8 @@ def policy_loss_per_token(new_logp: torch.Tensor, old_logp: torch.Tensor,
         ref_logp: [B, T] reference log-probs; required when ``cfg.kl_coef > 0``.
 
     Returns:
-        ([B, T] loss, {"ratio": [B, T], "clipped": [B, T] bool, "kl": [B, T]}).
+        ([B, T] loss, {"ratio": [B, T] exp(new_logp - old_logp), "clipped": [B, T] bool,
+        "kl": [B, T], and with ``tis_cap`` "tis_weight": [B, T]}).
 
     Raises:
         GRPOError: shapes disagree, or KL asked for without ``ref_logp``.
@@ -150,20 +165,28 @@ def policy_loss_per_token(new_logp: torch.Tensor, old_logp: torch.Tensor,
     if new_logp.shape != old_logp.shape or advantages.shape != new_logp.shape[:1]:
         raise GRPOError(f"shapes disagree: new_logp {tuple(new_logp.shape)}, old_logp "
                         f"{tuple(old_logp.shape)}, advantages {tuple(advantages.shape)}")
-    ratio = torch.exp(new_logp - old_logp)
+    engine_ratio = torch.exp(new_logp - old_logp)
+    ratio, tis_weight = engine_ratio, None
+    if cfg.tis_cap is not None:
+        learner_old = new_logp.detach()
+        ratio = torch.exp(new_logp - learner_old)
+        tis_weight = torch.clamp(torch.exp(learner_old - old_logp), max=cfg.tis_cap)
     a = advantages.unsqueeze(1)
     unclipped = ratio * a
     clipped_ratio = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     surrogate = torch.minimum(unclipped, clipped_ratio * a)
-    loss = -surrogate
+    loss = -surrogate if tis_weight is None else -surrogate * tis_weight
     kl = torch.zeros_like(loss)
     if cfg.kl_coef > 0:
         if ref_logp is None:
             raise GRPOError("kl_coef > 0 needs reference log-probs (ref_logp)")
         kl = k3_kl(new_logp, ref_logp)
         loss = loss + cfg.kl_coef * kl
-    return loss, {"ratio": ratio.detach(), "clipped": (clipped_ratio * a < unclipped).detach(),
-                  "kl": kl.detach()}
+    stats = {"ratio": engine_ratio.detach(), "clipped": (clipped_ratio * a < unclipped).detach(),
+             "kl": kl.detach()}
+    if tis_weight is not None:
+        stats["tis_weight"] = tis_weight
+    return loss, stats
 
 
 def aggregate_loss(per_token: torch.Tensor, loss_mask: torch.Tensor, cfg: GRPOLossConfig,
@@ -184,6 +207,22 @@ def aggregate_loss(per_token: torch.Tensor, loss_mask: torch.Tensor, cfg: GRPOLo
         per_seq = (per_token * m).sum(1) / m.sum(1).clamp(min=1.0)
         return per_seq.sum() / max(n_seqs, 1)
     return (per_token * m).sum() / (max(n_seqs, 1) * cfg.budget_tokens)
+
+
+def logprob_mismatch(learner_logp: torch.Tensor, engine_logp: torch.Tensor,
+                     mask: torch.Tensor) -> tuple[float, float, float]:
+    """Train/inference mismatch over the sampled tokens where ``mask`` is 1, as sums.
+
+    d_t = learner_logp_t - engine_logp_t. Returns (sum |d_t|, sum k3_t, token count) with
+    k3_t = exp(d_t) - d_t - 1, the k3 estimate of KL(pi_engine || pi_learner) from tokens
+    the engine sampled (Schulman 2020): both are 0 when the engine serves the learner's
+    weights exactly. Sums, so micro-batches add up; divide by the count for the means.
+    All tensors [B, T] (log-probs in nats).
+    """
+    m = mask.to(torch.float32)
+    d = (learner_logp.detach().float() - engine_logp.float()) * m
+    k3 = (torch.exp(d) - d - 1.0) * m
+    return float(d.abs().sum()), float(k3.sum()), float(m.sum())
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -209,6 +248,10 @@ class TrainSample:
         loss_mask: one per completion token, 1 = generated by the model (trained on),
             0 = not (tool output, template); None = all 1 (single turn).
         ref_logprobs: reference policy log-probs per completion token, for the KL term.
+        policy_version: the policy version the unit was released at (its tokens were
+            sampled under those weights); None = the learner's current version. The
+            learner measures the train/inference mismatch only on samples of its own
+            version, where engine and learner should hold the same weights.
     """
 
     prompt_ids: list[int]
@@ -217,6 +260,7 @@ class TrainSample:
     advantage: float
     loss_mask: list[int] | None = None
     ref_logprobs: list[float] | None = None
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

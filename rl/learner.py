@@ -39,7 +39,7 @@ from typing import Any, Literal, Mapping, Sequence
 import torch
 
 from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, dataclass_from_options, aggregate_loss,
-                     collate, loss_config, masked_mean, policy_loss_per_token,
+                     collate, logprob_mismatch, loss_config, masked_mean, policy_loss_per_token,
                      token_log_probs)
 
 WEIGHTS_FILE = "model.safetensors"
@@ -379,6 +379,7 @@ class Learner:
         per_tok, st = policy_loss_per_token(new_logp, mb.old_logp.to(dev), mb.advantages.to(dev),
                                             self.cfg.loss, ref)
         mask = mb.loss_mask.to(dev)
+        st["learner_logp"] = new_logp.detach()
         return aggregate_loss(per_tok, mask, self.cfg.loss, n_seqs, n_tokens), st, mask
 
     # ------------------------------------------------------------------ update
@@ -388,7 +389,13 @@ class Learner:
 
         Returns stats: ``loss``, ``clip_frac`` (share of loss tokens whose ratio was
         clipped), ``ratio_mean``, ``kl`` (mean k3), ``grad_norm`` (before clipping; NaN
-        under DeepSpeed), ``num_seqs``, ``num_loss_tokens``, ``step_s``.
+        under DeepSpeed), ``num_seqs``, ``num_loss_tokens``, ``step_s``; and the
+        train/inference mismatch over the sampled tokens of the samples generated at this
+        learner's version (``TrainSample.policy_version``): ``mismatch/tokens``, and when
+        there are any, ``mismatch/logprob_abs_diff`` (mean |learner - engine| log-prob,
+        nats) and ``mismatch/k3_kl`` (mean k3 estimate of KL(engine || learner)), from the
+        loss's own forward pass before the optimizer step (``rl.grpo.logprob_mismatch``);
+        with ``loss.tis_cap``, ``tis_weight_mean``.
 
         Raises:
             GRPOError: malformed samples (see ``rl.grpo.TrainSample``).
@@ -398,7 +405,11 @@ class Learner:
         n_seqs, n_tok = len(batch), float(batch.loss_mask.sum())
         mbs = self.cfg.micro_batch_size
         starts = list(range(0, n_seqs, mbs))
-        total_loss, clipped, ratio_sum, kl_sum = 0.0, 0.0, 0.0, 0.0
+        total_loss, clipped, ratio_sum, kl_sum, tis_sum = 0.0, 0.0, 0.0, 0.0, 0.0
+        # which rows were sampled under this version's weights (collate keeps the order)
+        current = torch.tensor([float(s.policy_version is None or s.policy_version == self.version)
+                                for s in samples])
+        mis_abs, mis_k3, mis_n = 0.0, 0.0, 0.0
         if self._engine is None:
             self.optimizer.zero_grad(set_to_none=True)
         for k, s in enumerate(starts):
@@ -415,6 +426,11 @@ class Learner:
             clipped += masked_mean(st["clipped"], mask) * w
             ratio_sum += masked_mean(st["ratio"], mask) * w
             kl_sum += masked_mean(st["kl"], mask) * w
+            if "tis_weight" in st:
+                tis_sum += masked_mean(st["tis_weight"], mask) * w
+            rows = current[s:s + len(mb)].to(mask.device).unsqueeze(1)
+            a, k, n = logprob_mismatch(st["learner_logp"], mb.old_logp.to(mask.device), mask * rows)
+            mis_abs, mis_k3, mis_n = mis_abs + a, mis_k3 + k, mis_n + n
         if self._engine is not None:
             self._engine.step()
             grad_norm = float("nan")
@@ -425,9 +441,16 @@ class Learner:
             self.optimizer.step()
         self.version += 1
         d = max(n_tok, 1.0)
-        return {"loss": total_loss, "clip_frac": clipped / d, "ratio_mean": ratio_sum / d,
-                "kl": kl_sum / d, "grad_norm": grad_norm, "num_seqs": float(n_seqs),
-                "num_loss_tokens": n_tok, "step_s": time.perf_counter() - t0}
+        out = {"loss": total_loss, "clip_frac": clipped / d, "ratio_mean": ratio_sum / d,
+               "kl": kl_sum / d, "grad_norm": grad_norm, "num_seqs": float(n_seqs),
+               "num_loss_tokens": n_tok, "step_s": time.perf_counter() - t0,
+               "mismatch/tokens": mis_n}
+        if mis_n > 0:
+            out["mismatch/logprob_abs_diff"] = mis_abs / mis_n
+            out["mismatch/k3_kl"] = mis_k3 / mis_n
+        if self.cfg.loss.tis_cap is not None:
+            out["tis_weight_mean"] = tis_sum / d
+        return out
 
     # ------------------------------------------------------------------ weights
 

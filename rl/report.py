@@ -1,4 +1,9 @@
-"""Run summaries people read: a table of the run's figures and its plots (paper Figure 3)."""
+"""Run summaries people read: a table of the run's figures and its plots (paper Figure 3).
+
+The history is the trainer's list of iteration lines (``rl.trainer``); a line without
+``iteration_s`` is the step-0 evaluation (``baseline``), which enters the learning curve
+but no mean of the table.
+"""
 
 from __future__ import annotations
 
@@ -20,75 +25,133 @@ SUMMARY_FIGURES = (
 )
 
 
-def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
-    """Means over iterations of each figure (TV distance and mixture: the last iteration's).
+def iteration_lines(history: Sequence[Mapping]) -> list[Mapping]:
+    """The lines of ``history`` that are iterations (the step-0 evaluation line is not)."""
+    return [h for h in history if h.get("iteration_s") is not None]
 
-    Returns an empty dict for an empty history.
+
+def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
+    """Means over iterations of each figure (TV distance and mixture: the last iteration's),
+    and under ``counts`` how many iterations each mean covers (those that have the figure).
+
+    Returns an empty dict for a history without iterations.
     """
-    if not history:
+    its = iteration_lines(history)
+    if not its:
         return {}
-    out: dict[str, float | None] = {}
+    out: dict = {}
+    counts: dict[str, int] = {}
     for key, _, _ in SUMMARY_FIGURES:
-        vals = [h[key] for h in history if h.get(key) is not None]
+        vals = [h[key] for h in its if h.get(key) is not None]
         out[key] = (vals[-1] if key == "tv_distance" else mean(vals)) if vals else None
-    out["consumed_mixture"] = history[-1].get("consumed_mixture")
-    out["iterations"] = len(history)
+        counts[key] = len(vals)
+    out["consumed_mixture"] = its[-1].get("consumed_mixture")
+    out["iterations"] = len(its)
+    out["counts"] = counts
     return out
 
 
 def summary_table(history: Sequence[Mapping], title: str = "run summary") -> Table:
-    """A rich table of ``run_summary``; also lists the consumed mixture."""
+    """A rich table of ``run_summary``: each mean with the number of iterations it covers
+    (skipped updates have no sync time, so fewer); also the consumed mixture."""
     s = run_summary(history)
-    t = Table(title=f"{title} ({s.get('iterations', 0)} iterations)")
+    n = s.get("iterations", 0)
+    t = Table(title=f"{title} ({n} iterations)")
     t.add_column("figure")
     t.add_column("mean over iterations", justify="right")
+    t.add_column("iterations", justify="right")
     for key, label, fmt in SUMMARY_FIGURES:
         v = s.get(key)
-        t.add_row(label, fmt.format(v) if v is not None else "n/a")
+        covered = (s.get("counts") or {}).get(key, 0)
+        t.add_row(label, fmt.format(v) if v is not None else "n/a",
+                  ("last" if key == "tv_distance" else str(covered)) if covered else "0")
     mix = s.get("consumed_mixture") or {}
-    t.add_row("consumed mixture", " / ".join(f"{b} {v:.1%}" for b, v in mix.items()) or "n/a")
+    t.add_row("consumed mixture", " / ".join(f"{b} {v:.1%}" for b, v in mix.items()) or "n/a",
+              "last" if mix else "0")
     return t
 
 
-def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path) -> list[Path]:
-    """Iteration time, and consumed mixture against the target, over iterations.
+TIME_PARTS = (("generation_wait_s", "generation wait"), ("update_s", "update"),
+              ("sync_s", "weight sync"), ("eval_s", "evaluation"))
+"""The parts of an iteration's time, stacked in ``iteration_time.png``."""
 
-    Writes ``iteration_time.png`` and ``mixture.png`` to ``out_dir``; returns their paths
-    (none for an empty history).
+
+def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path) -> list[Path]:
+    """The run's plots, against the iteration (whole-number ticks), each with a title.
+
+    Writes to ``out_dir``: ``iteration_time.png`` (each iteration's time split into
+    generation wait, update, weight sync, evaluation and the rest), ``mixture.png``
+    (consumed mixture against the target), and ``learning.png`` (training reward per
+    class, and each eval pass@k with step 0 when the history has it). Returns their paths
+    (none for a history without iterations).
     """
-    if not history:
+    its_lines = iteration_lines(history)
+    if not its_lines:
         return []
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    its = [h["iteration"] for h in history]
+    its = [h["iteration"] for h in its_lines]
     paths = []
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(its, [h["iteration_s"] for h in history], marker="o")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("iteration time (s)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(out_dir / "iteration_time.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+
+    def save(fig, ax, name: str, title: str, ylabel: str) -> None:
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        paths.append(out_dir / name)
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    bottom = [0.0] * len(its)
+    for i, (key, label) in enumerate(TIME_PARTS):
+        part = [float(h.get(key) or 0.0) for h in its_lines]
+        ax.bar(its, part, bottom=bottom, color=f"C{i}", label=label)
+        bottom = [b + v for b, v in zip(bottom, part)]
+    rest = [max(float(h["iteration_s"]) + float(h.get("eval_s") or 0.0) - b, 0.0)
+            for h, b in zip(its_lines, bottom)]
+    ax.bar(its, rest, bottom=bottom, color="0.75", label="other")
+    ax.legend(fontsize=7)
+    save(fig, ax, "iteration_time.png", "Iteration time and its parts", "seconds")
 
     total = sum(rho.values())
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for i, (b, w) in enumerate(rho.items()):
         color = f"C{i}"
-        ax.plot(its, [(h.get("consumed_mixture") or {}).get(b, 0.0) for h in history],
+        ax.plot(its, [(h.get("consumed_mixture") or {}).get(b, 0.0) for h in its_lines],
                 color=color, marker="o", label=f"{b} consumed")
         ax.axhline(w / total, color=color, linestyle=":", label=f"{b} target")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("share of completed units")
     ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(out_dir / "mixture.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, ax, "mixture.png", "Consumed mixture against the target", "share of completed units")
+
+    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, b in enumerate(rho):
+        pts = [(h["iteration"], h["reward_by_class"][b]) for h in its_lines
+               if b in (h.get("reward_by_class") or {})]
+        if pts:
+            ax_r.plot(*zip(*pts), color=f"C{i}", marker="o", label=b)
+    ax_r.legend(fontsize=7)
+    ax_r.set_title("Training reward per class")
+    ax_r.set_xlabel("iteration")
+    ax_r.set_ylabel("mean reward")
+    ax_r.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_r.grid(alpha=0.3)
+    keys = sorted({k for h in history for k in h if k.startswith("eval/")
+                   and ("/pass@" in k or "/pass^" in k)})
+    for i, k in enumerate(keys):
+        pts = [(h["iteration"], h[k]) for h in history if h.get(k) is not None]
+        ax_e.plot(*zip(*pts), color=f"C{i}", marker="o", label=k.removeprefix("eval/"))
+    if keys:
+        ax_e.legend(fontsize=7)
+    else:
+        ax_e.text(0.5, 0.5, "no evaluation (trainer.eval_every=0)", ha="center",
+                  transform=ax_e.transAxes)
+    save(fig, ax_e, "learning.png", "Held-out evaluation", "pass@k")
     return paths

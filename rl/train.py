@@ -147,9 +147,13 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         flat = {k: v for k, v in m.items() if isinstance(v, (int, float)) and v is not None}
         for b, v in (m.get("consumed_mixture") or {}).items():
             flat[f"mixture/{b}"] = v
+        for b, v in (m.get("trained_mixture") or {}).items():
+            flat[f"trained_mixture/{b}"] = v
         for b, v in (m.get("reward_by_class") or {}).items():
             flat[f"reward/{b}"] = v
         run.log(flat, step=int(m["iteration"]))
+        if "iteration_s" not in m:  # the step-0 evaluation line
+            return
         hit = m.get("prefix_hit_rate")
         progress.update(bar, completed=int(m["iteration"]), description=(
             f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  "
@@ -160,10 +164,16 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
 
         ec = tcfg.eval
         res = await evaluate_async(
-            [arithmetic_heldout_benchmark(int(ec.problems), seed=int(cfg.seed))], stack.router_url,
-            name, EvalSettings(n=int(ec.n), ks=tuple(int(k) for k in ec.ks),
-                               max_tokens=int(ec.max_tokens), seed=int(cfg.seed),
-                               run_id=f"{run_dir.name}-eval-v{version}"),
+            [arithmetic_heldout_benchmark(int(ec.problems), seed=int(cfg.seed),
+                                          levels=tuple(int(x) for x in ec.levels))],
+            stack.router_url, name,
+            EvalSettings(n=int(ec.n), ks=tuple(int(k) for k in ec.ks),
+                         temperature=float(ec.temperature), top_p=float(ec.top_p),
+                         max_tokens=int(ec.max_tokens), seed=int(cfg.seed),
+                         # seeded requests kill a vLLM 0.32 CPU engine core (rl.eval's
+                         # eval.request_seeds=auto makes the same choice)
+                         request_seeds=cfg.engine.kind != "cpu",
+                         run_id=f"{run_dir.name}-eval-v{version}"),
             out_dir=run_dir / "eval" / f"v{version}", progress=False)
         return {f"eval/{bench}/{metric}": v["mean"] for bench, r in res.items()
                 for metric, v in r["metrics"].items()}
@@ -178,6 +188,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         if resumed:  # the engines started with the initial weights: serve the resumed ones
             await asyncio.to_thread(sync.sync, learner.save_weights, learner.version)
         with progress:
+            await trainer.evaluate_baseline()
             history = await trainer.run()
         trainer.save_checkpoint()
     finally:
@@ -364,6 +375,11 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
+    ds = plain.get("dynamic_sampling") or {}
+    factor = ds.get("max_release_factor", 1)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
+        raise ConfigError(f"trainer.dynamic_sampling.max_release_factor={factor!r}: give a "
+                          "number >= 1 (groups one step may examine, in groups_per_step)")
     for key in ("request_timeout_s", "agent_timeout_s"):
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:

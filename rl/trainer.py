@@ -10,15 +10,29 @@ One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken
    back. A unit whose policy version is too old (``AsyncLimits.is_fresh``) is dropped and
    counted; so is a unit whose model call or episode failed (an aborted completion
    included): never scored, logged with its reason, counted per reason.
+   **Dynamic sampling** (DAPO, verl): a group whose rewards are all equal has zero
+   advantage and carries no gradient; it is *filtered*: consumed (the mixture ledger
+   counts it completed) but not trained on, and its place is released again, so the step
+   waits for ``groups_per_step`` informative groups. The search is bounded: once
+   ``dynamic_sampling.max_release_factor x groups_per_step`` groups were examined for one
+   step, the trainer gives up with one logged line and trains on the informative groups it
+   has, or skips the update when it has none (no new version, no weight sync).
 3. **Update**: once ``groups_per_step`` groups are ready, their group-normalised
    advantages feed one learner step (in a worker thread, so generation keeps running:
    generation runs ahead of training, bounded by staleness). The policy version rises.
 4. **Sync**: every ``sync_every`` steps the new weights go into the running engines
-   (pause / reload / reset prefix cache / resume) and the router clears its prefix index.
+   (pause / reload / reset prefix cache / resume) and the router clears its prefix index;
+   never after a skipped update (the weights did not change).
 5. **Log**: one line per iteration in ``metrics.jsonl`` and wandb (offline unless the user
    logs in): iteration time and its parts, samples/min, requests/min, the engines' prefix
    hit rate and prefill/decode tok/s, consumed mixture and its TV distance to rho,
-   backlog per class, router caps, reward per class, loss, KL, staleness.
+   backlog per class, router caps, reward per class, loss, KL, staleness, the filtered
+   share per class, the train/inference mismatch (``mismatch/*``). Two mixtures: the
+   *consumed* one (every completed unit, filtered ones included) is the headline
+   ``tv_distance``, because it is the contract between trainer and routing layer (MISA-T
+   3.3: what the rollout side delivered against rho); the *trained* one (units that
+   entered a gradient) is ``trained_tv``: it shows how dynamic sampling tilts what the
+   model learns from (a class whose groups are all equal is consumed, never trained).
 6. **Checkpoint** every ``checkpoint_every`` steps: model, optimizer, sampler and mixture
    ledger together, the newest ``checkpoint_keep_last`` kept; a killed run resumes there (units in flight at the checkpoint are
    recorded as dropped, never counted twice).
@@ -41,7 +55,7 @@ import httpx
 from omegaconf import DictConfig, OmegaConf
 
 from rl.grpo import AsyncLimits, group_advantages
-from rl.mixture import MixtureLedger
+from rl.mixture import MixtureLedger, tv_distance
 from rl.sampler import MixtureSampler, RolloutUnit, largest_deficit
 from router.signals import parse_engine_metrics
 from rollout.workers import UnitResult
@@ -66,6 +80,13 @@ def _checkpoint_version(folder: Path) -> int:
         return 0
 
 
+def _informative(group: list[UnitResult]) -> bool:
+    """True when the group's finished units can give a gradient: at least two of them,
+    and not all with the same reward (equal rewards -> zero advantage for every unit)."""
+    rewards = [r.reward for r in group if r.ok]
+    return len(rewards) >= 2 and max(rewards) != min(rewards)
+
+
 class TrainerError(RuntimeError):
     """The training loop cannot go on; the message says why and what to do."""
 
@@ -81,6 +102,9 @@ class IterationStats:
     dropped_failed: int = 0
     dropped_by_reason: Counter = field(default_factory=Counter)
     zero_advantage: int = 0
+    groups_by_class: Counter = field(default_factory=Counter)
+    filtered_by_class: Counter = field(default_factory=Counter)
+    filtered_units: int = 0
 
     def record_failed(self, res: UnitResult) -> None:
         """Count a failed unit under its reason; log it (the first few of each reason)."""
@@ -176,8 +200,22 @@ class Trainer:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
-        self.totals = {"units": 0, "requests": 0}
+        self.totals = {"units": 0, "requests": 0, "skipped_steps": 0}
+        self.trained_units: Counter = Counter()  # units that entered a gradient, per class
         self.outstanding_groups = 0  # released groups not yet trained on or dropped
+        ds = tcfg.get("dynamic_sampling") or {}
+        self.dynamic_sampling = bool(ds.get("enabled", False))
+        self.max_release_factor = float(ds.get("max_release_factor", 4.0))
+        if self.dynamic_sampling and not self.max_release_factor >= 1.0:
+            raise TrainerError(f"trainer.dynamic_sampling.max_release_factor="
+                               f"{self.max_release_factor}: give a number >= 1 (how many times "
+                               "groups_per_step groups one step may examine)")
+        self.filtered_for_step = 0  # groups filtered since the last batch was picked
+
+    @property
+    def iterations_done(self) -> int:
+        """Iterations finished: optimizer steps plus skipped updates."""
+        return self.learner.version + int(self.totals.get("skipped_steps", 0))
 
     # ------------------------------------------------------------------ loop
 
@@ -190,8 +228,8 @@ class Trainer:
         counters = await asyncio.to_thread(EngineCounters.scrape, self.engine_urls)
         update: asyncio.Task | None = None
         try:
-            while self.learner.version < self.iterations or update is not None:
-                if self.learner.version + (update is not None) < self.iterations:
+            while self.iterations_done < self.iterations or update is not None:
+                if self.iterations_done + (update is not None) < self.iterations:
                     self._release(in_flight, updating=update is not None)
                 waits = set(in_flight) | ({update} if update else set())
                 if not waits:
@@ -209,11 +247,13 @@ class Trainer:
                         continue
                     unit = in_flight.pop(task)
                     self._collect(task.result(), unit, groups, ready, it)
-                # Start the next update as soon as enough fresh groups are ready.
+                # Start the next update as soon as enough fresh groups are ready (or the
+                # dynamic-sampling search for them gave up).
                 ready = [g for g in ready if self._fresh_group(g, it)]
-                if update is None and len(ready) >= self.groups_per_step \
-                        and self.learner.version < self.iterations:
+                if update is None and self.iterations_done < self.iterations and (
+                        len(ready) >= self.groups_per_step or self._give_up(ready)):
                     batch, ready = self._pick_batch(ready)
+                    self.filtered_for_step = 0
                     update = asyncio.ensure_future(self._update(batch, it))
         finally:
             for task in in_flight:
@@ -228,7 +268,7 @@ class Trainer:
         is on consumed units, MISA-T section 3.3). Returns (batch, the rest, in order)."""
         consumed = dict(self.ledger.completed_units)
         rest, batch = list(ready), []
-        for _ in range(self.groups_per_step):
+        for _ in range(min(self.groups_per_step, len(rest))):
             ready_classes = {g[0].unit.workload_class for g in rest}
             target = {b: w for b, w in self.ledger.rho.items() if b in ready_classes}
             b = largest_deficit(target, consumed)
@@ -272,7 +312,45 @@ class Trainer:
         g = groups[unit.group_id]
         g.append(res)
         if len(g) == unit.group_size:
-            ready.append(groups.pop(unit.group_id))
+            group = groups.pop(unit.group_id)
+            it.groups_by_class[unit.workload_class] += 1
+            if self.dynamic_sampling and not _informative(group):
+                self._filter(group, it)
+            else:
+                ready.append(group)
+
+    def _filter(self, group: list[UnitResult], it: IterationStats) -> None:
+        """Consume a group without signal (rewards all equal, or fewer than two units
+        back): its finished units count as completed, its failed ones as dropped, nothing
+        is trained, and its place in the release budget is freed for another group."""
+        for r in group:
+            if r.ok:
+                self.ledger.record_completed(r.unit.unit_id)
+                it.filtered_units += 1
+            else:
+                self.ledger.record_dropped(r.unit.unit_id)
+                it.record_failed(r)
+        it.filtered_by_class[group[0].unit.workload_class] += 1
+        self.outstanding_groups -= 1
+        self.filtered_for_step += 1
+
+    def _give_up(self, ready: list[list[UnitResult]]) -> bool:
+        """True (after one log line) when dynamic sampling has examined
+        ``max_release_factor x groups_per_step`` groups for this step without finding
+        ``groups_per_step`` informative ones: the step then trains on those it has, or
+        is skipped when there are none."""
+        if not self.dynamic_sampling:
+            return False
+        examined = self.filtered_for_step + len(ready)
+        if examined < self.max_release_factor * self.groups_per_step:
+            return False
+        log.warning("dynamic sampling: %d of %d groups examined for step %d carry signal "
+                    "(the other %d had equal rewards; limit trainer.dynamic_sampling."
+                    "max_release_factor=%g x groups_per_step=%d): %s", len(ready), examined,
+                    self.learner.version + 1, self.filtered_for_step, self.max_release_factor,
+                    self.groups_per_step, "training on those" if ready else
+                    "skipping the update (no new version, no weight sync)")
+        return True
 
     def _fresh_group(self, group: list[UnitResult], it: IterationStats) -> bool:
         """Drop a group whose units are too stale (MISA-T 3.1 staleness bound), counting them."""
@@ -312,21 +390,24 @@ class Trainer:
                     continue
                 samples.append(r.train_sample(a))
                 used.append(r)
+                self.trained_units[r.unit.workload_class] += 1
         staleness = [self.learner.version - r.unit.policy_version for g in batch for r in g if r.ok]
         step: dict[str, Any] = {}
         if samples:
             step = await asyncio.to_thread(self.learner.step, samples)
         else:
-            self.learner.version += 1  # nothing to learn from; the iteration still counts
+            # Nothing to learn from: no optimizer step, so no new policy version and no
+            # weight sync; the iteration still counts (the loop must end).
+            self.totals["skipped_steps"] = int(self.totals.get("skipped_steps", 0)) + 1
         update_s = time.monotonic() - t0
         sync: dict[str, float] = {}
-        if self.weight_sync is not None and self.learner.version % self.sync_every == 0:
+        if self.weight_sync is not None and samples and self.learner.version % self.sync_every == 0:
             report = await asyncio.to_thread(self.weight_sync.sync, self.learner.save_weights,
                                              self.learner.version)
             sync = report.as_metrics()
             # a sharded learner's gather: time, buckets, peak memory per rank
             sync.update({f"gather/{k}": v for k, v in getattr(self.learner, "last_sync_stats", {}).items()})
-        return {"update_s": update_s, "step": step, "sync": sync,
+        return {"update_s": update_s, "step": step, "sync": sync, "updated": bool(samples),
                 "trained_units": len(used), "groups": len(batch),
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
                 "reward_by_class": {b: sum(v) / len(v) for b, v in rewards_by_class.items()}}
@@ -340,8 +421,12 @@ class Trainer:
         self.totals["units"] += len(finished)
         state = await asyncio.to_thread(self._router_state)
         snap = self.ledger.snapshot()
+        trained = dict(self.trained_units)
+        trained_mix = {b: trained.get(b, 0) / max(sum(trained.values()), 1) for b in self.ledger.rho}
         m = {
-            "iteration": self.learner.version,
+            "iteration": self.iterations_done,
+            "policy_version": self.learner.version,
+            "skipped_update": not upd["updated"],
             "time_s": round(time.monotonic() - self.started_at_s, 2),
             "iteration_s": iter_s,
             "generation_wait_s": it.wait_s,
@@ -352,6 +437,8 @@ class Trainer:
             **now.rates(before),
             "consumed_mixture": snap.get("consumed_mixture"),
             "tv_distance": snap.get("consumed_tv"),
+            "trained_mixture": trained_mix,
+            "trained_tv": tv_distance(trained_mix, self.ledger.rho) if trained else None,
             "backlog": snap.get("backlog"),
             "released": snap.get("released"),
             "completed": snap.get("completed"),
@@ -360,24 +447,47 @@ class Trainer:
             "dropped_failed": it.dropped_failed,
             "dropped_by_reason": dict(it.dropped_by_reason),
             "zero_advantage_units": it.zero_advantage,
+            "filtered_groups": sum(it.filtered_by_class.values()),
+            "filtered_units": it.filtered_units,
+            **{f"filtered_share/{b}": it.filtered_by_class[b] / n
+               for b, n in sorted(it.groups_by_class.items())},
             "reward_by_class": upd["reward_by_class"],
             "trained_units": upd["trained_units"],
             "staleness_mean": upd["staleness_mean"],
             "router_caps": ((state or {}).get("policy") or {}).get("caps"),
-            **{f"loss/{k}": v for k, v in upd["step"].items()},
+            **{(k if "/" in k else f"loss/{k}"): v for k, v in upd["step"].items()},
             **{f"sync/{k}": v for k, v in upd["sync"].items()},
         }
-        if self.evaluate is not None and self.eval_every and self.learner.version % self.eval_every == 0:
-            t_eval = time.monotonic()
-            m.update(await self.evaluate(self.learner.version))
-            m["eval_s"] = time.monotonic() - t_eval
+        if upd["updated"] and self.evaluate is not None and self.eval_every \
+                and self.learner.version % self.eval_every == 0:
+            m.update(await self._evaluate())
+        self._record(m)
+        if upd["updated"] and self.checkpoint_every and self.learner.version % self.checkpoint_every == 0:
+            await asyncio.to_thread(self.save_checkpoint)
+        return now
+
+    async def _evaluate(self) -> dict:
+        t_eval = time.monotonic()
+        out = dict(await self.evaluate(self.learner.version))
+        out["eval_s"] = time.monotonic() - t_eval
+        return out
+
+    def _record(self, m: dict) -> None:
         self.history.append(m)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(m, default=float) + "\n")
         self.log(m)
-        if self.checkpoint_every and self.learner.version % self.checkpoint_every == 0:
-            await asyncio.to_thread(self.save_checkpoint)
-        return now
+
+    async def evaluate_baseline(self) -> dict | None:
+        """Evaluate the starting weights (step 0) when ``eval_every`` is on and nothing was
+        trained yet; the line (``iteration`` 0, ``baseline`` true) goes into the history,
+        metrics.jsonl and the log callback, so learning curves start at step 0."""
+        if self.evaluate is None or not self.eval_every or self.iterations_done > 0:
+            return None
+        m = {"iteration": 0, "policy_version": 0, "baseline": True,
+             "time_s": round(time.monotonic() - self.started_at_s, 2), **await self._evaluate()}
+        self._record(m)
+        return m
 
     def _router_state(self) -> dict | None:
         if not self.router_url:
@@ -399,7 +509,8 @@ class Trainer:
         folder = self.run_dir / f"{CHECKPOINT_DIR}-v{self.learner.version}"
         self.learner.save_checkpoint(folder, extra={
             "sampler": self.sampler.state_dict(), "ledger": self.ledger.state_dict(),
-            "history": self.history, "totals": self.totals})
+            "history": self.history, "totals": self.totals,
+            "trained_units": dict(self.trained_units)})
         latest = self.run_dir / CHECKPOINT_DIR
         if latest.is_dir() and not latest.is_symlink():  # the single-folder layout of older runs
             latest.rename(self.run_dir / f"{CHECKPOINT_DIR}-v{_checkpoint_version(latest)}")
@@ -435,5 +546,6 @@ class Trainer:
         for unit_id in list(self.ledger.state_dict()["in_flight"]):
             self.ledger.record_dropped(unit_id)
         self.history = list(extra.get("history", []))
-        self.totals = dict(extra.get("totals", self.totals))
+        self.totals = {**self.totals, **dict(extra.get("totals", {}))}
+        self.trained_units = Counter(extra.get("trained_units", {}))
         return True

@@ -71,7 +71,7 @@ class UnitResult:
         """The GRPO training record of this unit with its group-normalised advantage."""
         return TrainSample(prompt_ids=self.prompt_ids, completion_ids=self.completion_ids,
                            old_logprobs=self.logprobs, advantage=float(advantage),
-                           loss_mask=self.loss_mask)
+                           loss_mask=self.loss_mask, policy_version=self.unit.policy_version)
 
 
 class SingleTurnWorker:

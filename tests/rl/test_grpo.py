@@ -162,3 +162,42 @@ def test_agent_trajectory_trains_only_on_model_tokens():
     assert b.loss_mask[0].tolist() == [0, 1, 1, 0, 0, 1]
     with pytest.raises(GRPOError, match="turn 1.*token 2"):
         sample_from_turns([([1, 2], [3], [-0.1]), ([1, 2, 9], [7], [-0.3])], 1.0)
+
+
+def test_truncated_importance_weight_multiplies_the_policy_gradient_loss():
+    # tis_cap (slime/verl TIS): w_t = min(exp(learner_logp_t - engine_logp_t), cap), the
+    # learner's log-prob taken before the step (detached), and the PPO ratio taken against
+    # it. Token 0: learner -1.0, engine -1.5 -> exp(0.5) = 1.6487, capped at 1.2.
+    # Token 1: learner -1.5, engine -1.0 -> exp(-0.5) = 0.6065, under the cap.
+    # At the learner's own weights the ratio is 1, so l_t = -A * w_t and dl/dlogp_t = -A * w_t.
+    new = torch.tensor([[-1.0, -1.5]], requires_grad=True)
+    engine = torch.tensor([[-1.5, -1.0]])
+    cfg = GRPOLossConfig(tis_cap=1.2)
+    loss, st = policy_loss_per_token(new, engine, torch.tensor([2.0]), cfg)
+    w = [1.2, math.exp(-0.5)]
+    assert loss[0].tolist() == pytest.approx([-2.0 * w[0], -2.0 * w[1]])
+    assert st["tis_weight"][0].tolist() == pytest.approx(w)
+    loss.sum().backward()
+    assert new.grad[0].tolist() == pytest.approx([-2.0 * w[0], -2.0 * w[1]])
+    # Off (the default): the ratio is taken against the engine's log-probs, no weight.
+    plain, st = policy_loss_per_token(new.detach(), engine, torch.tensor([2.0]), GRPOLossConfig())
+    assert plain[0].tolist() == pytest.approx([-2.0 * 1.28, -2.0 * math.exp(-0.5)])
+    assert "tis_weight" not in st
+
+
+def test_tis_cap_must_be_positive():
+    with pytest.raises(GRPOError, match="tis_cap"):
+        GRPOLossConfig(tis_cap=0.0)
+
+
+def test_logprob_mismatch_sums_abs_difference_and_k3_over_sampled_tokens():
+    from rl.grpo import logprob_mismatch
+
+    # d = learner - engine = [0.1, -0.2, 5.0 (masked out)]: |d| sums to 0.3,
+    # k3 = (e^0.1 - 1.1) + (e^-0.2 - 0.8) = 0.0051709 + 0.0187308
+    learner = torch.tensor([[-1.0, -2.2, 3.0]])
+    engine = torch.tensor([[-1.1, -2.0, -2.0]])
+    abs_sum, k3_sum, n = logprob_mismatch(learner, engine, torch.tensor([[1, 1, 0]]))
+    assert (abs_sum, n) == (pytest.approx(0.3), 2.0)
+    assert k3_sum == pytest.approx(math.exp(0.1) - 1.1 + math.exp(-0.2) - 0.8, rel=1e-5)  # float32
+    assert logprob_mismatch(engine, engine, torch.ones(1, 3))[:2] == (0.0, 0.0)

@@ -5,6 +5,7 @@ Optimizer steps over the 135M-parameter model take 5-15 s on this shared 2-core 
 the tests that step are marked ``slow``."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -140,3 +141,27 @@ def test_cuda_device_without_a_gpu_is_refused_with_the_key():
     if not torch.cuda.is_available():
         with pytest.raises(LearnerError, match="learner.device=cuda"):
             _resolve_device("cuda")
+
+
+@pytest.mark.slow
+def test_step_reports_mismatch_only_on_samples_of_its_own_version(learner):
+    # On-policy old log-probs (what an engine in sync returns): mismatch ~0. The same
+    # samples with old log-probs 0.05 nats lower: |d| = 0.05 and k3 = e^0.05 - 1.05.
+    # A sample stamped with another policy version is left out of the mismatch.
+    samples = _samples(learner)
+    v = learner.version
+    for s in samples:
+        s.policy_version = v
+    stats = learner.step(samples)
+    assert stats["mismatch/tokens"] == sum(len(s.completion_ids) for s in samples)
+    assert stats["mismatch/logprob_abs_diff"] < 1e-4
+    assert stats["mismatch/k3_kl"] < 1e-6
+    shifted = _samples(learner)
+    for s in shifted:
+        s.old_logprobs = [x - 0.05 for x in s.old_logprobs]
+        s.policy_version = learner.version
+    shifted[1].policy_version = learner.version - 1  # stale: not measured
+    stats = learner.step(shifted)
+    assert stats["mismatch/tokens"] == len(shifted[0].completion_ids)
+    assert stats["mismatch/logprob_abs_diff"] == pytest.approx(0.05, abs=1e-4)
+    assert stats["mismatch/k3_kl"] == pytest.approx(math.exp(0.05) - 1.05, rel=1e-2)

@@ -64,7 +64,8 @@ class SlowLearner(FakeLearner):
 
 def tcfg(**kw):
     base = {"max_in_flight": 16, "max_staleness": 1, "groups_per_step": 2, "iterations": 3,
-            "sync_every": 1, "checkpoint_every": 1, "loss": {"scale_adv_by_std": True}}
+            "sync_every": 1, "checkpoint_every": 1, "loss": {"scale_adv_by_std": True},
+            "dynamic_sampling": {"enabled": True, "max_release_factor": 4}}
     return OmegaConf.create({**base, **kw})
 
 
@@ -135,10 +136,12 @@ def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_
     t = trainer(tmp_path, tcfg(iterations=4))
     history = asyncio.run(t.run())
     assert books_balance(t.ledger)
-    # Completed = trained on + consumed without signal (equal rewards in the group).
+    # Completed = trained on + consumed without signal (a filtered group, or a unit of
+    # zero advantage inside an informative one).
     s = t.ledger.snapshot()
     assert sum(s["completed"].values()) == (sum(len(b) for b in t.learner.trained)
-                                            + sum(h["zero_advantage_units"] for h in history))
+                                            + sum(h["zero_advantage_units"] + h["filtered_units"]
+                                                  for h in history))
 
 
 def test_consumed_mixture_follows_the_target(tmp_path):
@@ -163,8 +166,10 @@ def test_release_stops_at_what_the_staleness_window_can_train(tmp_path):
     t = trainer(tmp_path, tcfg(max_staleness=1, groups_per_step=2, max_in_flight=1000, iterations=5))
     history = asyncio.run(t.run())
     released = sum(t.ledger.released_units.values())
-    # At most (max_staleness + 1) * groups_per_step groups beyond those trained on.
-    assert released <= sum(h["trained_units"] + h["zero_advantage_units"] for h in history) + 4 * 4
+    # At most (max_staleness + 1) * groups_per_step groups beyond those consumed (trained
+    # on, or without signal: zero advantage or a filtered group).
+    assert released <= sum(h["trained_units"] + h["zero_advantage_units"] + h["filtered_units"]
+                           for h in history) + 4 * 4
     assert sum(h["dropped_stale"] for h in history) == 0
 
 
@@ -340,3 +345,93 @@ def test_disk_estimate_counts_weights_adam_state_keep_last_and_the_sync_folder()
     assert est.checkpoint_bytes == 4400 + 8000
     assert est.checkpoints_bytes == 3 * (4400 + 8000)  # keep_last + the one being written
     assert est.weight_sync_bytes == 2 * 4400  # the new version's folder beside the last
+
+
+def group_pattern_worker(informative):
+    """A worker whose groups have mixed rewards (1 for the first unit, 0 for the rest)
+    when ``informative(k)`` holds for the group's arrival order k, and all rewards 0 else."""
+    order: dict[str, int] = {}
+
+    async def run(unit):
+        k = order.setdefault(unit.group_id, len(order))
+        reward = float(informative(k, unit) and unit.group_index == 0)
+        return UnitResult(unit, True, reward=reward, prompt_ids=[1, 2, 3], completion_ids=[4, 5],
+                          logprobs=[-0.1, -0.2], num_requests=1)
+
+    return run
+
+
+def test_equal_reward_groups_are_replaced_so_no_step_is_empty(tmp_path):
+    # Agent groups always score 0 (as the 135M model does on every agent task), and every
+    # other rlvr/rlhf group too: without dynamic sampling a step of such groups trains on
+    # nothing. With it, each step waits for groups_per_step informative groups.
+    w = group_pattern_worker(lambda k, u: u.workload_class != "agent" and k % 2 == 0)
+    sync, learner = FakeSync(), FakeLearner()
+    t = trainer(tmp_path, tcfg(iterations=4, max_in_flight=24), sync=sync, learner=learner,
+                workers={"agent": w, "rlvr": w, "rlhf": w})
+    history = asyncio.run(t.run())
+    assert [h["iteration"] for h in history] == [1, 2, 3, 4]
+    assert all(not h["skipped_update"] and h["trained_units"] > 0 for h in history)
+    assert len(learner.trained) == 4 and sync.versions == [1, 2, 3, 4]
+    # each step trained on 2 groups, one unit of advantage != 0 in each... all units of a
+    # mixed group have advantage != 0 here (rewards 1, 0, 0, ...: none equals the mean)
+    assert all({s.advantage != 0.0 for s in batch} == {True} for batch in learner.trained)
+    assert sum(h["filtered_groups"] for h in history) > 0
+    assert all(h.get("filtered_share/agent", 1.0) == 1.0 for h in history)
+    # filtered units are consumed (the mixture ledger's books), never trained on
+    s = t.ledger.snapshot()
+    assert s["completed"]["agent"] > 0 and t.trained_units["agent"] == 0
+    assert history[-1]["trained_mixture"]["agent"] == 0.0
+    assert history[-1]["trained_tv"] > history[-1]["tv_distance"]
+    assert books_balance(t.ledger)
+
+
+def test_dynamic_sampling_gives_up_after_its_bound_and_skips_an_update_with_nothing(tmp_path, caplog):
+    import logging
+
+    # Every group has equal rewards: each step examines max_release_factor x
+    # groups_per_step = 2 x 2 groups, then gives up; with no informative group it skips
+    # the update: no optimizer step, no new version, no weight sync.
+    w = group_pattern_worker(lambda k, u: False)
+    sync, learner = FakeSync(), FakeLearner()
+    cfg = tcfg(iterations=3, dynamic_sampling={"enabled": True, "max_release_factor": 2})
+    t = trainer(tmp_path, cfg, sync=sync, learner=learner,
+                workers={"agent": w, "rlvr": w, "rlhf": w})
+    with caplog.at_level(logging.WARNING, logger="rl.trainer"):
+        history = asyncio.run(t.run())
+    assert [h["iteration"] for h in history] == [1, 2, 3]
+    assert all(h["skipped_update"] and h["policy_version"] == 0 for h in history)
+    assert learner.trained == [] and sync.versions == []
+    give_ups = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dynamic sampling")]
+    assert len(give_ups) == 3
+    import re
+
+    # at least the bound was examined (groups finishing together may pass it)
+    assert all(int(re.search(r"0 of (\d+) groups", m).group(1)) >= 4 for m in give_ups)
+    assert all("skipping the update" in m for m in give_ups)
+    assert books_balance(t.ledger)
+
+
+def test_dynamic_sampling_gives_up_and_trains_on_the_informative_groups_it_has(tmp_path, caplog):
+    import logging
+
+    # One group in four is informative, a step may examine 2 x 2 groups: most steps end
+    # with fewer than groups_per_step informative groups and train on those.
+    w = group_pattern_worker(lambda k, u: k % 4 == 0)
+    learner = FakeLearner()
+    cfg = tcfg(iterations=3, dynamic_sampling={"enabled": True, "max_release_factor": 2})
+    t = trainer(tmp_path, cfg, learner=learner, workers={"agent": w, "rlvr": w, "rlhf": w})
+    with caplog.at_level(logging.WARNING, logger="rl.trainer"):
+        history = asyncio.run(t.run())
+    assert [h["iteration"] for h in history] == [1, 2, 3]
+    msgs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dynamic sampling")]
+    assert any("training on those" in m for m in msgs)
+    assert all(h["trained_units"] > 0 for h in history if not h["skipped_update"])
+    assert books_balance(t.ledger)
+
+
+def test_max_release_factor_below_one_is_refused(tmp_path):
+    from rl.trainer import TrainerError
+
+    with pytest.raises(TrainerError, match="max_release_factor"):
+        trainer(tmp_path, tcfg(dynamic_sampling={"enabled": True, "max_release_factor": 0.5}))

@@ -1,0 +1,106 @@
+"""Does the default run learn? The eval gain of `make run` over seeds, as a ratio to step 0.
+
+    python -m bench.learning_curve [--seeds 0 1 2] [--metric eval/arithmetic/pass@1]
+                                   [--out runs/learning-curve] [--runs DIR ...] [-- OVERRIDES]
+
+Runs the default recipe (``python -m rl.train``, every process it starts included) once per
+seed, one after the other, each in ``<out>/seed<s>/``; extra Hydra overrides after ``--``
+go to every run. Then reads each run's ``metrics.jsonl`` and prints, per seed and as mean
++- standard deviation over seeds: the metric at step 0 (the trainer's baseline evaluation)
+and at the last evaluated step, the gain in points, the ratio end / step 0, the rlvr
+training reward of the first and last iteration, and the run's wall time. ``--runs`` reads
+finished run folders instead of training (no engine needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def curve(run_dir: Path, metric: str) -> dict:
+    """Step-0 and last value of ``metric`` and the first/last rlvr reward of one run folder.
+
+    Raises:
+        SystemExit: the folder has no metrics.jsonl or no evaluation line with ``metric``.
+    """
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{run_dir}: no metrics.jsonl (did the run finish?)")
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    evals = [(h["iteration"], h[metric]) for h in lines if h.get(metric) is not None]
+    if not evals or evals[0][0] != 0:
+        raise SystemExit(f"{run_dir}: no step-0 value of {metric}; the run needs "
+                         "trainer.eval_every > 0")
+    rlvr = [h["reward_by_class"]["rlvr"] for h in lines if "rlvr" in (h.get("reward_by_class") or {})]
+    return {"start": evals[0][1], "end": evals[-1][1], "end_step": evals[-1][0],
+            "points": evals, "rlvr_first": rlvr[0] if rlvr else None,
+            "rlvr_last": rlvr[-1] if rlvr else None}
+
+
+def _mean_sd(xs: list[float]) -> str:
+    if not xs:
+        return "n/a"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.3f} +- {sd:.3f}"
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--metric", default="eval/arithmetic/pass@1")
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "learning-curve")
+    ap.add_argument("--runs", type=Path, nargs="+", default=None,
+                    help="finished run folders to read instead of training")
+    args = ap.parse_args(argv)
+    console = Console()
+    runs: list[tuple[str, Path, float | None]] = []
+    if args.runs:
+        runs = [(p.name, p, None) for p in args.runs]
+    else:
+        for s in args.seeds:
+            run_dir = args.out / f"seed{s}"
+            cmd = [sys.executable, "-m", "rl.train", f"seed={s}", f"run_dir={run_dir}", *overrides]
+            console.print(f"seed {s}: {' '.join(cmd[1:])}")
+            t0 = time.monotonic()
+            rc = subprocess.call(cmd, cwd=REPO)
+            if rc != 0:
+                raise SystemExit(f"seed {s}: rl.train exited with {rc}; its logs are in {run_dir}/logs")
+            runs.append((f"seed {s}", run_dir, time.monotonic() - t0))
+    table = Table(title=f"{args.metric}: step 0 -> last evaluated step")
+    for col in ("run", "step 0", "end (step)", "gain (points)", "ratio to step 0",
+                "rlvr reward first -> last", "wall (min)"):
+        table.add_column(col, justify="right")
+    starts, ends, gains, ratios = [], [], [], []
+    for name, run_dir, wall in runs:
+        c = curve(run_dir, args.metric)
+        ratio = c["end"] / c["start"] if c["start"] > 0 else float("inf")
+        starts.append(c["start"])
+        ends.append(c["end"])
+        gains.append(100 * (c["end"] - c["start"]))
+        ratios.append(ratio)
+        rl = (f"{c['rlvr_first']:.3f} -> {c['rlvr_last']:.3f}" if c["rlvr_first"] is not None
+              else "n/a")
+        table.add_row(name, f"{c['start']:.3f}", f"{c['end']:.3f} ({c['end_step']})",
+                      f"{gains[-1]:+.1f}", f"{ratio:.2f}", rl,
+                      f"{wall / 60:.1f}" if wall is not None else "")
+    finite = [r for r in ratios if r != float("inf")]
+    table.add_row("mean +- sd", _mean_sd(starts), _mean_sd(ends), _mean_sd(gains), _mean_sd(finite), "", "")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
