@@ -213,7 +213,18 @@ async def test_client_gone_while_held_is_reported_as_failed(engines):
         await service.stop()
 
 
-async def test_engine_killed_requests_retried_elsewhere_and_instance_recovers(router, engines):
+async def test_engine_killed_requests_retried_elsewhere_and_instance_recovers(engines):
+    # Scrapes far apart, so the failed request (not a scrape, which since a scrape that
+    # cannot connect also marks an engine unhealthy would often win the race: the fake
+    # engine's shutdown takes longer than a 50 ms scrape period) finds the dead engine.
+    router = await start_router(engines, scrape_interval_s=3600.0)
+    try:
+        await _killed_engine_is_retried_elsewhere_and_recovers(router, engines)
+    finally:
+        await router.stop()
+
+
+async def _killed_engine_is_retried_elsewhere_and_recovers(router, engines):
     dead = engines[0]
     port = dead.port
     await dead.stop()
