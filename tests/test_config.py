@@ -206,7 +206,7 @@ def test_ctrl_c_and_sigterm_end_with_one_stopped_line_not_a_traceback(tmp_path, 
 def test_engine_urls_without_kv_event_endpoints_are_refused_naming_both_keys(tmp_path):
     # The router used to start, then exit on engines.kv_event_endpoints=[null].
     r = _run("engine.urls=[http://127.0.0.1:9]", f"run_dir={tmp_path}/run")
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr  # a mistake in the config
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in r.stderr + r.stdout
     assert "engine.urls" in err[0] and "engine.kv_event_endpoints" in err[0]
@@ -218,7 +218,7 @@ def test_engine_urls_without_kv_event_endpoints_are_refused_naming_both_keys(tmp
 def test_kv_event_endpoints_with_kv_events_off_are_refused(tmp_path):
     r = _run("engine.urls=[http://127.0.0.1:9]", "engine.kv_event_endpoints=[tcp://127.0.0.1:5557]",
              "engine.kv_events=false", f"run_dir={tmp_path}/run")
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "engine.kv_events=false" in r.stderr and "engine.kv_event_endpoints" in r.stderr
 
 

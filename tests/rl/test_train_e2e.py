@@ -33,9 +33,13 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
     r = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=REPO_ROOT,
                        env={**__import__("os").environ, "WANDB_MODE": "offline"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # with eval_every, a step-0 evaluation line (baseline) comes before the iteration's
+    base = [x for x in lines if x.get("baseline")]
+    assert len(base) == 1 and base[0]["iteration"] == 0 and "eval/arithmetic/pass@1" in base[0]
+    lines = [x for x in lines if not x.get("baseline")]
     assert len(lines) == 1
-    m = json.loads(lines[0])
+    m = lines[0]
     assert m["iteration"] == 1
     for key in ("samples_per_min", "requests_per_min", "prefix_hit_rate", "decode_tok_s",
                 "consumed_mixture", "tv_distance", "backlog", "sync_s", "update_s"):

@@ -70,7 +70,8 @@ def test_training_job_refuses_a_bad_engine_url_before_starting_anything():
     ecfg = compose("train", ["engine.urls=[http://127.0.0.1:8001,notaurl]"]).engine
     with pytest.raises(EngineError, match=r"engine\.urls\[1\]='notaurl' is not an engine base URL"):
         validate_engine_cfg(ecfg)
-    validate_engine_cfg(OmegaConf.merge(ecfg, {"urls": ["http://127.0.0.1:8001"]}))
+    validate_engine_cfg(OmegaConf.merge(ecfg, {"urls": ["http://127.0.0.1:8001"],
+                                               "kv_event_endpoints": ["tcp://127.0.0.1:5557"]}))
 
 
 @pytest.mark.parametrize(("urls", "expected"), [
