@@ -11,8 +11,9 @@ Endpoints (JSON):
 
 Episode request body: ``instance_id`` (or ``task``: a full SWE-bench instance with a
 ``snapshot`` path), and optional ``session_id`` (default: a new id), ``group_id``,
-``unit_id``, ``policy_version``, ``router_url``, ``model``, ``sampling`` (request fields
-such as temperature), ``limits`` (``EpisodeLimits`` fields). Up to
+``unit_id``, ``policy_version``, ``router_url``, ``model`` (the served model name; the
+server's default is its ``served_model_name`` key), ``sampling`` (request fields such as
+temperature), ``limits`` (``EpisodeLimits`` fields). Up to
 ``max_concurrent_episodes`` run at once; the rest wait in order.
 """
 
@@ -156,7 +157,7 @@ class AgentService:
 
     async def _renderer_unlocked(self, router_url: str) -> tuple[ChatRenderer, str]:
         if router_url not in self._renderers:
-            model = self.cfg.model
+            model = self.cfg.served_model_name
             root = None
             if model is None or self.cfg.tokenizer is None:
                 try:
@@ -165,7 +166,7 @@ class AgentService:
                 except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
                     raise AgentServerError(
                         f"cannot ask {router_url}/v1/models for the served model ({e}); set "
-                        "agent_server model= and tokenizer= explicitly.") from None
+                        "agent_server served_model_name= and tokenizer= explicitly.") from None
                 model = model or entry["id"]
                 root = entry.get("root") or entry["id"]
             spec = self.cfg.tokenizer or root
@@ -326,7 +327,7 @@ VALUE_RULES: dict[str, Rule] = {
     "host": (is_text, "a host name or address, e.g. 127.0.0.1"),
     "port": (number(whole=True, at_least=0, at_most=65535), "a TCP port number (0-65535)"),
     "router_url": (or_null(_is_base_url), "the router's base URL, e.g. router_url=http://127.0.0.1:8100, or null"),
-    "model": (or_null(is_text), "a served model name, or null"),
+    "served_model_name": (or_null(is_text), "a served model name, or null"),
     "tokenizer": (or_null(is_text), "a model folder, byte, or null"),
     "workload_class": (is_text, "a workload class name such as agent"),
     "tasks_path": (or_null(is_text), "a tasks.jsonl path, or null"),
@@ -388,8 +389,9 @@ def main() -> None:
     # Log to stdout (the job captures it into the run folder's agent_server.log) rather than
     # to a server.log in the working directory. Set here, not in agent_server.yaml, because
     # that file is also composed into other configs (eval) where a hydra override is illegal.
+    # Put first: after a flag such as `--cfg job`, argparse takes no more overrides.
     if not any(a.startswith(("hydra/job_logging", "hydra.job_logging")) for a in sys.argv[1:]):
-        sys.argv.append("hydra/job_logging=stdout")
+        sys.argv.insert(1, "hydra/job_logging=stdout")
     _main()
 
 

@@ -5,6 +5,12 @@
     python -m rl.eval eval.router_url=http://127.0.0.1:8000    # a stack that already runs
     python -m rl.eval eval.benchmarks.swe.path=swebench_lite.jsonl \\
         eval.benchmarks.swe.snapshots_dir=/data/checkouts eval.benchmarks.gsm8k.enabled=false
+    python -m rl.eval eval.predictions=preds.jsonl     # grade a predictions file, no model
+
+With ``eval.predictions`` set, no engine or router starts: the SWE-bench predictions file
+is graded against ``eval.benchmarks.swe`` by its grader (``rl.evaluation.predictions``)
+and the same results files are written; the other benchmarks (they need a model) are
+not run.
 
 Every value of the ``eval`` section is checked first (``check_config``): a bad one (a
 missing file, k > n, a URL that is no URL, an unknown benchmark) is one message naming
@@ -23,6 +29,7 @@ output says which.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -39,6 +46,7 @@ from rl.data.gsm8k import looks_like_hub_id
 from rl.evaluation.base import Benchmark, EvalError
 from rl.evaluation.humaneval import HumanEvalBenchmark
 from rl.evaluation.math_answers import arithmetic_heldout_benchmark, gsm8k_benchmark
+from rl.evaluation.predictions import grade_predictions_async
 from rl.evaluation.results import flat_metrics, markdown_table
 from rl.evaluation.runner import EvalSettings, evaluate
 from rl.evaluation.swe import SweBenchmark
@@ -227,6 +235,7 @@ def check_config(cfg: DictConfig) -> EvalSettings:
     for key in ("single_turn", "swe"):
         _typed(e.workload_class, key, "eval.workload_class", str)
     _typed(e, "served_model_name", "eval", str, optional=True)
+    _typed(e, "predictions", "eval", str, optional=True)
     _typed(e, "progress", "eval", bool)
     out_dir = Path(str(e.out_dir))
     if out_dir.exists() and not out_dir.is_dir():
@@ -434,8 +443,41 @@ def harness_hint(report: dict[str, dict[str, Any]], cfg: DictConfig,
     return "\n".join(lines) + "\n"
 
 
+def grade_predictions(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """Grade the file ``eval.predictions`` with the SWE benchmark's grader; no model needed.
+
+    Raises:
+        EvalError: the SWE benchmark is disabled, the file or the instances file is missing.
+        RunFailedError: no instance could be graded (after the report is written).
+    """
+    swe = swe_path(cfg)
+    if swe is None:
+        raise EvalError("eval.predictions grades SWE-bench predictions against "
+                        "eval.benchmarks.swe; set eval.benchmarks.swe.enabled=true.")
+    path = _check_path(cfg.eval.predictions, "eval.predictions", folder=False)
+    grader = swe_grader(cfg, swe)
+    print(grader.describe(), flush=True)
+    out_dir = Path(str(cfg.eval.out_dir))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    # the tokenizer renders episodes only; grading a given patch runs none
+    bench = swe_benchmark(cfg, swe, ByteTokenizer(), grader)
+    report = asyncio.run(grade_predictions_async(bench, path, out_dir))
+    errors = report["swe"]["prediction_errors"]
+    for line in errors:
+        print(f"not graded: {line}", flush=True)
+    print(markdown_table(report, [1]), end="", flush=True)
+    print(f"results: {out_dir}/report.json, report.md", flush=True)
+    if not report["swe"]["num_scored"]:
+        raise RunFailedError(f"no prediction in {path} could be graded ({len(errors)} line(s) not "
+                             "graded, listed above; instance errors in the table). Fix the file and rerun.")
+    return report
+
+
 def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """Evaluate as configured; returns the report (see ``rl.evaluation.evaluate``).
+
+    With ``eval.predictions`` set: ``grade_predictions`` instead (no model).
 
     Raises:
         EvalError, TaskError, SandboxError, AgentServerError: bad input (files, options,
@@ -444,6 +486,8 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
         RunFailedError: no problem could be scored (after the report is written).
     """
     settings = check_config(cfg)
+    if cfg.eval.predictions:
+        return grade_predictions(cfg)
     router_url = router_url_of(cfg)
     single_turn = single_turn_benchmarks(cfg)
     swe = swe_path(cfg)

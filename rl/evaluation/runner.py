@@ -132,7 +132,7 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
                 bar.update(1)
                 bar.set_postfix_str(f"{result.benchmark} {result.outcome}")
             for b in benchmarks:
-                await _grade_pending(b, results, model, out, settings.run_id)
+                await grade_ungraded(b, results, model, out, settings.run_id)
         finally:
             bar.close()
             await client.aclose()
@@ -153,7 +153,7 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
     return report
 
 
-async def _grade_pending(bench: Benchmark, results: ResultsLog, model: str, out: Path,
+async def grade_ungraded(bench: Benchmark, results: ResultsLog, model: str, out: Path,
                          run_id: str) -> None:
     """Grade the benchmark's ``ungraded`` samples (its ``grade_pending``) and record them."""
     pending = [r for r in results.results.values()

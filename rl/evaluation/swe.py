@@ -145,10 +145,11 @@ async def grade_patch(task: Task, patch: str, test_patch: str = "",
 
     Returns:
         (resolved, detail): resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passes;
-        detail holds the per-test outcomes, ``empty_patch: True`` for an empty patch (no
-        test is run, as in the SWE-bench harness), or ``patch_error`` when the patch does not
-        apply (not resolved: the model's fault). A patch without a final newline gets one
-        (as the harness does) before ``git apply``.
+        detail holds the per-test outcomes and ``patch_applied_with`` (which of
+        ``HARNESS_APPLY_COMMANDS`` applied it), ``empty_patch: True`` for an empty patch (no
+        test is run, as in the SWE-bench harness), or ``patch_error`` when no command applies
+        it (not resolved: the model's fault). A patch without a final newline gets one
+        (as the harness does) first.
 
     Raises:
         SandboxError: the snapshot is missing or the sandbox cannot start, or the
@@ -160,12 +161,39 @@ async def grade_patch(task: Task, patch: str, test_patch: str = "",
         patch += "\n"
     async with Workspace.create(task.snapshot, isolation=isolation, limits=limits) as ws:
         try:
-            await ws.apply_patch(patch)
+            applied_with = await apply_like_harness(ws, patch)
         except SandboxError as e:
             return False, {"patch_error": str(e)[:1000]}
         await ws.apply_patch(test_patch)
         reward, report = await evaluate(ws, task, limits)
-    return reward > 0, {"test_outcomes": report.outcomes}
+    return reward > 0, {"test_outcomes": report.outcomes, "patch_applied_with": applied_with}
+
+
+HARNESS_APPLY_COMMANDS = ("git apply --verbose", "git apply --verbose --reject",
+                          "patch --batch --fuzz=5 -p1")
+"""How the SWE-bench harness applies a model patch, tried in this order (the harness passes
+``patch`` a file with ``-i``; here the patch comes on standard input)."""
+
+
+async def apply_like_harness(ws: Workspace, patch: str) -> str:
+    """Apply ``patch`` in ``ws`` with the first of ``HARNESS_APPLY_COMMANDS`` that succeeds.
+
+    As in the harness, a failed ``--reject`` attempt leaves the hunks it could apply (and
+    ``.rej`` files) for ``patch`` to work on.
+
+    Returns:
+        The command that applied it.
+
+    Raises:
+        SandboxError: none applies it; the message holds each command's reason.
+    """
+    reasons = []
+    for command in HARNESS_APPLY_COMMANDS:
+        result = await ws.run(command, stdin=patch.encode())
+        if result.ok:
+            return command
+        reasons.append(f"{command}: {(result.stderr or result.stdout).strip()[-600:]}")
+    raise SandboxError(f"patch does not apply to workspace {ws.path}: " + " | ".join(reasons))
 
 
 async def instance_problem(task: Task, test_patch: str = "", isolation=None,

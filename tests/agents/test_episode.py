@@ -163,3 +163,37 @@ async def test_episode_through_real_router(real_router_url, tmp_path):
         real_router_url, ["episode.limits.max_turns=3", "episode.limits.max_tokens_per_turn=96",
                           "sampling.temperature=0.7"],
         tmp_path, instance_id="handmade__stats_mean", group_id="g-real", unit_id="u-real")
+
+
+async def test_health_answers_while_an_episode_workspace_holds_a_fifo(tmp_path):
+    # The agent writes a FIFO; the host-side diff of its workspace must neither block on it
+    # nor stall the server's event loop: /health keeps answering and the episode ends.
+    def fifo_policy(_session: str, turn: int, _prompt: str) -> str:
+        steps = [tool_call("bash", command="mkfifo pipe && echo changed > notes.txt"),
+                 tool_call("submit")]
+        return steps[min(turn, len(steps) - 1)]
+
+    server = ScriptedServer(fifo_policy)
+    runner, model_url = await server.start()
+    try:
+        with launch_agent_server(tmp_path, [f"router_url={model_url}", *BYTE_LIMITS],
+                                 start_timeout_s=120) as (_, url):
+            client = AgentServerClient(url)
+            try:
+                episode = asyncio.ensure_future(client.run_episode(instance_id="handmade__stats_mean"))
+                health = []
+                async with httpx.AsyncClient(timeout=60) as http:
+                    while not episode.done():
+                        health.append((await http.get(url + "/health")).status_code)
+                        await asyncio.sleep(0.05)
+                result = await asyncio.wait_for(episode, 300)
+            finally:
+                if not episode.done():  # /health timed out: the loop is stalled
+                    episode.cancel()
+                await asyncio.gather(episode, return_exceptions=True)
+                await client.aclose()
+    finally:
+        await runner.cleanup()
+    assert result["status"] == "submitted", result["error"]
+    assert "+++ b/notes.txt" in result["patch"] and "pipe" not in result["patch"]
+    assert health and set(health) == {200}

@@ -30,3 +30,11 @@ def test_bad_override_is_one_line_with_what_is_valid(override, code, expected):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_served_model_name_is_set_from_the_command_line():
+    # `model` would be the Hydra `model` group (recipes/model/), so the key is served_model_name.
+    r = subprocess.run([sys.executable, "-m", "agents.server", "served_model_name=my-model", "--cfg", "job"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "served_model_name: my-model" in r.stdout.splitlines()

@@ -43,6 +43,23 @@ async def test_patch_without_final_newline_is_normalised_and_applies():
     assert resolved, detail
 
 
+async def test_patch_git_apply_takes_is_applied_by_git_apply_first():
+    task = HANDMADE["handmade__stats_mean"]
+    resolved, detail = await grade_patch(task, task.patch)
+    assert resolved and detail["patch_applied_with"] == "git apply --verbose"
+
+
+async def test_patch_with_context_off_is_applied_by_patch_fuzz_as_the_harness_does():
+    # git apply refuses a context line that differs ("def mean(values):"); the SWE-bench
+    # harness then tries git apply --reject, then patch --fuzz=5, which applies it.
+    task = HANDMADE["handmade__stats_mean"]
+    fuzzy = task.patch.replace(" def mean(xs):", " def mean(values):")
+    assert fuzzy != task.patch
+    resolved, detail = await grade_patch(task, fuzzy)
+    assert resolved, detail
+    assert detail["patch_applied_with"] == "patch --batch --fuzz=5 -p1"
+
+
 async def test_patch_that_does_not_apply_is_not_resolved_and_says_why():
     task = HANDMADE["handmade__stats_mean"]
     bad = task.patch.replace("total(xs) / (len(xs) + 1)", "something else entirely")
