@@ -153,7 +153,7 @@ def test_consumed_mixture_follows_the_target(tmp_path):
 def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
     # Slow agent groups are overtaken by groups released after them; by the time they
     # finish the trainer has moved more than max_staleness versions on.
-    slow, fast = make_worker(delay_s=0.3), make_worker()
+    slow, fast = make_worker(delay_s=1.0), make_worker()  # 1 s: room for 2 versions under load
     t = trainer(tmp_path, tcfg(max_staleness=1, iterations=6, groups_per_step=1),
                 workers={"agent": slow, "rlvr": fast, "rlhf": fast})
     history = asyncio.run(t.run())
