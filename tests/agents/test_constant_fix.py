@@ -97,3 +97,14 @@ def test_task_sets_resolve_by_name_or_file_and_refuse_anything_else(tmp_path):
     assert task_set_path(str(f)) == f
     with pytest.raises(AgentServerError, match="neither a task file nor a built-in set .*handmade"):
         task_set_path("constant_fix_l9")
+
+
+def test_solve_rate_figures_count_groups_with_unequal_rewards():
+    from bench.agent_solve_rate import group_figures
+
+    def ep(reward, calls):
+        return {"reward": reward, "turns": [{"tool_calls": calls}]}
+    groups = [[ep(1.0, ["str_replace"]), ep(0.0, [])], [ep(0.0, ["bash"]), ep(0.0, [])]]
+    f = group_figures(groups)
+    assert f["episodes"] == 4 and f["solved_share"] == 0.25 and f["informative_groups"] == 0.5
+    assert f["tool_call_share"] == 0.5 and f["str_replace_share"] == 0.25
