@@ -12,7 +12,6 @@ A policy maps (session id, turn index, prompt text) to the assistant's next text
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,6 +19,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from agents.chat import ByteTokenizer
+from agents.toolcall import format_tool_call
 
 Policy = Callable[[str, int, str], str]
 """(session_id, turn_index, prompt_text) -> assistant text (without the end token)."""
@@ -30,7 +30,7 @@ SCRIPTED_LOGPROB = -0.25
 
 def tool_call(name: str, **arguments: str) -> str:
     """A Hermes-style tool call as a model would write it."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+    return format_tool_call(name, arguments)
 
 
 def first_hunk_replacement(patch: str) -> tuple[str, str, str]:

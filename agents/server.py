@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, Tokenizer
+from agents.envs.constant_fix import LEVELS as CONSTANT_FIX_LEVELS
 from agents.envs.task import Task, TaskError, load_tasks
 from agents.loop import DEFAULT_SYSTEM_PROMPT, EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode
 from rollout.client import ModelClient, SessionHeaders
@@ -47,6 +48,15 @@ log = logging.getLogger("agents.server")
 
 HANDMADE_TASKS = Path(__file__).parent / "envs" / "handmade" / "tasks.jsonl"
 
+BUILTIN_TASK_SETS: dict[str, Path] = {
+    "handmade": HANDMADE_TASKS,
+    **{f"constant_fix_l{level}": HANDMADE_TASKS.parent / f"constant_fix_l{level}.jsonl"
+       for level in CONSTANT_FIX_LEVELS},
+}
+"""Committed task sets by name (``tasks_path`` / ``extra_tasks_paths`` take a name or a
+file): ``handmade`` (two small bugs), ``constant_fix_l1..3`` (``agents.envs.constant_fix``:
+one wrong digit, the problem statement giving away less at each level)."""
+
 
 class AgentServerError(ValueError):
     """Bad agent-server configuration or episode request; the message says what to fix."""
@@ -55,6 +65,22 @@ class AgentServerError(ValueError):
 class UnknownAgentServerOption(AgentServerError):
     """An option name the agent server does not know (added with ``+``); ``python -m
     agents.server`` exits 2 for it, as for an unknown config key."""
+
+
+def task_set_path(spec: str) -> Path:
+    """The JSONL file a ``tasks_path`` entry names: a ``BUILTIN_TASK_SETS`` name or a path.
+
+    Raises:
+        AgentServerError: neither a known name nor an existing file.
+    """
+    if spec in BUILTIN_TASK_SETS:
+        return BUILTIN_TASK_SETS[spec]
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise AgentServerError(f"task set {spec!r} is neither a task file nor a built-in set "
+                               f"({', '.join(BUILTIN_TASK_SETS)}); build tasks with "
+                               "`python -m agents.envs.build` or give one of those names.")
+    return path
 
 
 def _options(cls, node, where: str):
@@ -107,10 +133,8 @@ class AgentService:
         self.episode_cfg = episode_config(cfg)
         self.tasks: dict[str, Task] = {}
         for path in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
-            if path is None:
-                continue
-            path = HANDMADE_TASKS if path == "handmade" else Path(path)
-            self.tasks.update(load_tasks(path))
+            if path is not None:
+                self.tasks.update(load_tasks(task_set_path(str(path))))
         self.chat_format = _options(ChatFormat, cfg.chat_format, "chat_format")
         self._renderers: dict[str, ChatRenderer] = {}
         self._renderer_lock = asyncio.Lock()
@@ -330,9 +354,9 @@ VALUE_RULES: dict[str, Rule] = {
     "served_model_name": (or_null(is_text), "a served model name, or null"),
     "tokenizer": (or_null(is_text), "a model folder, byte, or null"),
     "workload_class": (is_text, "a workload class name such as agent"),
-    "tasks_path": (or_null(is_text), "a tasks.jsonl path, or null"),
+    "tasks_path": (or_null(is_text), "a tasks.jsonl path or a built-in set name, or null"),
     "extra_tasks_paths": (or_null(lambda v: isinstance(v, list) and all(is_text(p) for p in v)),
-                          "a list of task files (or handmade), or null"),
+                          f"a list of task files or built-in sets ({', '.join(BUILTIN_TASK_SETS)}), or null"),
     "max_concurrent_episodes": (_WHOLE, "a whole number >= 1"),
     "keep_results_s": (number(above=0), "seconds > 0"),
     "model_timeout_s": (number(above=0), "seconds > 0"),

@@ -74,6 +74,13 @@ class ToolSpec:
                            "required": list(self.required)}}}
 
 
+def format_tool_call(name: str, arguments: Mapping[str, Any],
+                     fmt: ToolCallFormat = ToolCallFormat()) -> str:
+    """One tool call as a model writes it (the inverse of ``parse_tool_calls``)."""
+    body = json.dumps({fmt.name_key: name, fmt.arguments_key: dict(arguments)})
+    return f"{fmt.open_tag}\n{body}\n{fmt.close_tag}"
+
+
 def parse_tool_calls(text: str, specs: Mapping[str, ToolSpec],
                      fmt: ToolCallFormat = ToolCallFormat()
                      ) -> tuple[list[ToolCall], list[ToolCallProblem]]:

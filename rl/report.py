@@ -71,43 +71,84 @@ def summary_table(history: Sequence[Mapping], title: str = "run summary") -> Tab
     return t
 
 
+def rlvr_settings(tcfg: Mapping) -> list[tuple[str, str, str]]:
+    """What the rlvr training units and the in-run evaluation (``trainer.eval_every``) each
+    use, side by side: rows of (setting, training, evaluation) from the ``trainer`` config.
+
+    Both render the question with the model's chat template and grade with math-verify
+    (``rl.rewards.MathVerifyReward``; ``tests/rl/test_report.py`` checks it). By design
+    they differ in the split (the evaluation draws only held-out problems), in top_p
+    (training samples the whole distribution, whose log-probs the learner computes; the
+    evaluation keeps ``rl.eval``'s 0.95) and in samples per prompt.
+    """
+    doms = {name: dict(opts or {}) for name, opts in (tcfg["domains"].get("rlvr") or {}).items()}
+    used = [f"{name}" + (f" levels {', '.join(map(str, o['levels']))}" if "levels" in o else "")
+            for name, o in doms.items() if float(o.get("weight", 1.0)) > 0]
+    ev, smp = tcfg["eval"], tcfg["sampling"]
+    grader = "math-verify, boxed answer (MathVerifyReward)"
+    return [
+        ("prompts", " + ".join(used) + " (training split)",
+         f"arithmetic levels {', '.join(map(str, ev['levels']))} (held-out split), "
+         f"{ev['problems']} problems"),
+        ("prompt template", "chat template, question + \\boxed{} instruction", "the same"),
+        ("temperature", f"{float(smp['temperature']):g}", f"{float(ev['temperature']):g}"),
+        ("top_p", f"{float(smp.get('top_p', 1.0)):g}", f"{float(ev['top_p']):g}"),
+        ("max tokens", str(tcfg["max_tokens"]["rlvr"]), str(ev["max_tokens"])),
+        ("samples per prompt", f"{tcfg['group_size']['rlvr']} (GRPO group)",
+         f"{ev['n']} (pass@{', '.join(map(str, ev['ks']))})"),
+        ("grader", grader, "the same"),
+    ]
+
+
+def rlvr_settings_table(tcfg: Mapping) -> Table:
+    """``rlvr_settings`` as a rich table (printed with the run's summary)."""
+    t = Table(title="rlvr: training and evaluation settings")
+    for col in ("setting", "training", "evaluation"):
+        t.add_column(col)
+    for row in rlvr_settings(tcfg):
+        t.add_row(*row)
+    return t
+
+
+def rlvr_settings_markdown(tcfg: Mapping) -> str:
+    """``rlvr_settings`` as a Markdown table (README's learning section shows the default
+    recipe's; a test keeps it current)."""
+    lines = ["| setting | training | evaluation |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rlvr_settings(tcfg)]
+    return "\n".join(lines)
+
+
 TIME_PARTS = (("generation_wait_s", "generation wait"), ("update_s", "update"),
               ("sync_s", "weight sync"), ("eval_s", "evaluation"))
 """The parts of an iteration's time, stacked in ``iteration_time.png``."""
 
 
-def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path) -> list[Path]:
-    """The run's plots, against the iteration (whole-number ticks), each with a title.
-
-    Writes to ``out_dir``: ``iteration_time.png`` (each iteration's time split into
-    generation wait, update, weight sync, evaluation and the rest), ``mixture.png``
-    (consumed mixture against the target), and ``learning.png`` (training reward per
-    class, and each eval pass@k with step 0 when the history has it). Returns their paths
-    (none for a history without iterations).
+def run_figures(history: Sequence[Mapping], rho: Mapping[str, float]) -> dict:
+    """The run's figures by file name, against the iteration (whole-number ticks), each
+    axis with a title: ``iteration_time.png`` (each iteration's time split into generation
+    wait, update, weight sync, evaluation and the rest), ``mixture.png`` (consumed mixture
+    against the target), ``learning.png`` (training reward per class, and each eval pass@k
+    with step 0 when the history has it). Empty for a history without iterations; the
+    caller closes the figures (``plot_run`` saves and closes them).
     """
     its_lines = iteration_lines(history)
     if not its_lines:
-        return []
+        return {}
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     its = [h["iteration"] for h in its_lines]
-    paths = []
+    figs: dict = {}
 
-    def save(fig, ax, name: str, title: str, ylabel: str) -> None:
+    def finish(ax, title: str, ylabel: str) -> None:
         ax.set_title(title)
         ax.set_xlabel("iteration")
         ax.set_ylabel(ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        paths.append(out_dir / name)
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     bottom = [0.0] * len(its)
@@ -115,11 +156,13 @@ def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path
         part = [float(h.get(key) or 0.0) for h in its_lines]
         ax.bar(its, part, bottom=bottom, color=f"C{i}", label=label)
         bottom = [b + v for b, v in zip(bottom, part)]
+    # iteration_s excludes the evaluation that follows the step (eval_s), so it is added
     rest = [max(float(h["iteration_s"]) + float(h.get("eval_s") or 0.0) - b, 0.0)
             for h, b in zip(its_lines, bottom)]
     ax.bar(its, rest, bottom=bottom, color="0.75", label="other")
     ax.legend(fontsize=7)
-    save(fig, ax, "iteration_time.png", "Iteration time and its parts", "seconds")
+    finish(ax, "Iteration time and its parts", "seconds")
+    figs["iteration_time.png"] = fig
 
     total = sum(rho.values())
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -129,7 +172,8 @@ def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path
                 color=color, marker="o", label=f"{b} consumed")
         ax.axhline(w / total, color=color, linestyle=":", label=f"{b} target")
     ax.legend(fontsize=7, ncol=2)
-    save(fig, ax, "mixture.png", "Consumed mixture against the target", "share of completed units")
+    finish(ax, "Consumed mixture against the target", "share of completed units")
+    figs["mixture.png"] = fig
 
     fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, b in enumerate(rho):
@@ -138,11 +182,7 @@ def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path
         if pts:
             ax_r.plot(*zip(*pts), color=f"C{i}", marker="o", label=b)
     ax_r.legend(fontsize=7)
-    ax_r.set_title("Training reward per class")
-    ax_r.set_xlabel("iteration")
-    ax_r.set_ylabel("mean reward")
-    ax_r.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_r.grid(alpha=0.3)
+    finish(ax_r, "Training reward per class", "mean reward")
     keys = sorted({k for h in history for k in h if k.startswith("eval/")
                    and ("/pass@" in k or "/pass^" in k)})
     for i, k in enumerate(keys):
@@ -153,5 +193,24 @@ def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path
     else:
         ax_e.text(0.5, 0.5, "no evaluation (trainer.eval_every=0)", ha="center",
                   transform=ax_e.transAxes)
-    save(fig, ax_e, "learning.png", "Held-out evaluation", "pass@k")
+    finish(ax_e, "Held-out evaluation", "pass@k")
+    figs["learning.png"] = fig
+    for fig in figs.values():
+        fig.tight_layout()
+    return figs
+
+
+def plot_run(history: Sequence[Mapping], rho: Mapping[str, float], out_dir: Path) -> list[Path]:
+    """Save ``run_figures`` into ``out_dir`` (made when needed); returns their paths (none
+    for a history without iterations)."""
+    figs = run_figures(history, rho)  # (selects the Agg backend before pyplot is used)
+    import matplotlib.pyplot as plt
+
+    if figs:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figs.items():
+        paths.append(out_dir / name)
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
     return paths

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from rl.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
-from rl.report import plot_run, summary_table
+from rl.report import plot_run, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +73,27 @@ def repo_path(p: str | os.PathLike) -> Path:
     """A recipe path: absolute as given, relative ones from the repository root."""
     path = Path(str(p)).expanduser()
     return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+
+
+def agent_task_sets_override(task_sets) -> str:
+    """The agent server's ``extra_tasks_paths=[...]`` override for ``agents.task_sets``:
+    built-in set names kept, task files made absolute from the repository root.
+
+    Raises:
+        ConfigError: an entry is neither a built-in set nor an existing file.
+    """
+    from agents.server import BUILTIN_TASK_SETS
+
+    entries = []
+    for spec in task_sets:
+        if str(spec) in BUILTIN_TASK_SETS:
+            entries.append(str(spec))
+        elif repo_path(spec).is_file():
+            entries.append(str(repo_path(spec)))
+        else:
+            raise ConfigError(f"agents.task_sets: {spec!r} is neither a built-in task set "
+                              f"({', '.join(BUILTIN_TASK_SETS)}) nor a task file")
+    return f"extra_tasks_paths=[{','.join(entries)}]"
 
 
 async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, reward_cfg: dict,
@@ -134,7 +155,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     workers = {"rlvr": single.run, "rlhf": single.run}
     if agent_client is not None:
         workers["agent"] = AgentWorker(agent_client, stack.router_url, name,
-                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True)).run
+                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True),
+                                       sampling=OmegaConf.to_container(tcfg.sampling, resolve=True)).run
 
     run = wandb.init(project=str(cfg.logging.wandb_project), name=run_dir.name, dir=str(run_dir),
                      mode=os.environ.get("WANDB_MODE", str(cfg.logging.wandb_mode)),
@@ -291,6 +313,7 @@ def validate_job_cfg(cfg: DictConfig):
 
     check_model_path_given(cfg.model)
     validate_trainer_cfg(cfg.trainer)
+    agent_task_sets_override(cfg.agents.get("task_sets") or [])
     check_learner_ranks(cfg)
     validate_engine_cfg(cfg.engine)
     check_router_cfg(cfg.router)
@@ -448,9 +471,12 @@ def _main(cfg: DictConfig, placement, group) -> None:
                              f"max_concurrent_episodes={int(cfg.trainer.max_in_flight)}"]
                 if cfg.agents.tasks_path:
                     overrides.append(f"tasks_path={repo_path(cfg.agents.tasks_path)}")
+                overrides.append(agent_task_sets_override(cfg.agents.get("task_sets") or []))
                 _, agent_url = services.enter_context(launch_agent_server(run_dir / "logs", overrides))
             history = asyncio.run(train(cfg, stack, agent_url, reward_cfg, run_dir, console, group))
     console.print(summary_table(history, title=f"{cfg.recipe.name} / router={cfg.router.get('policy')}"))
+    if float(cfg.trainer.rho.get("rlvr", 0)) > 0:
+        console.print(rlvr_settings_table(cfg.trainer))
     for p in plot_run(history, dict(cfg.trainer.rho), run_dir / "plots"):
         console.print(f"plot: {p}")
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}; logs: {run_dir / 'logs'}")

@@ -132,14 +132,19 @@ class AgentWorker:
         router_url: where the episode's model calls go.
         model: served model name.
         limits: per-episode limits sent with each request (see agents.loop.EpisodeLimits).
+        sampling: request fields of the episode's model calls (``trainer.sampling``: the
+            same temperature and top_p as the single-turn classes); None = the agent
+            server's own ``sampling``.
     """
 
     def __init__(self, client: AgentServerClient, router_url: str, model: str,
-                 limits: Mapping[str, Any] | None = None):
+                 limits: Mapping[str, Any] | None = None,
+                 sampling: Mapping[str, Any] | None = None):
         self.client = client
         self.router_url = router_url
         self.model = model
         self.limits = dict(limits or {})
+        self.sampling = dict(sampling) if sampling is not None else None
 
     async def run(self, unit: RolloutUnit) -> UnitResult:
         iid = unit.prompt.metadata.get("instance_id")
@@ -147,7 +152,8 @@ class AgentWorker:
             ep = await self.client.run_episode(
                 instance_id=iid, session_id=unit.session_id, group_id=unit.group_id,
                 unit_id=unit.unit_id, policy_version=unit.policy_version,
-                router_url=self.router_url, model=self.model, limits=self.limits)
+                router_url=self.router_url, model=self.model, limits=self.limits,
+                **({"sampling": self.sampling} if self.sampling is not None else {}))
         except (AgentClientError, OSError, httpx.HTTPError) as e:
             timed_out = isinstance(e, httpx.TimeoutException) or isinstance(
                 e.__cause__, httpx.TimeoutException)

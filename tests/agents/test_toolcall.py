@@ -1,6 +1,6 @@
 """The tool-call parser on well-formed and malformed model output."""
 
-from agents.toolcall import ToolCallFormat, parse_tool_calls
+from agents.toolcall import ToolCall, ToolCallFormat, format_tool_call, parse_tool_calls
 from agents.tools import TOOL_SPECS
 
 
@@ -74,3 +74,11 @@ def test_custom_format_markers():
     fmt = ToolCallFormat(open_tag="[CALL]", close_tag="[/CALL]", name_key="tool", arguments_key="args")
     calls, problems = parse('[CALL]{"tool": "bash", "args": {"command": "ls"}}[/CALL]', fmt)
     assert problems == [] and calls[0].name == "bash"
+
+
+def test_a_formatted_call_parses_back_to_itself_in_any_format():
+    fmt = ToolCallFormat(open_tag="<call>", close_tag="</call>", name_key="tool", arguments_key="args")
+    for f in (ToolCallFormat(), fmt):
+        text = format_tool_call("read_file", {"path": "a.py", "start_line": "2"}, f)
+        assert parse_tool_calls(text, TOOL_SPECS, f) == (
+            [ToolCall("read_file", {"path": "a.py", "start_line": "2"})], [])

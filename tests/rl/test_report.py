@@ -33,3 +33,47 @@ def test_plots_include_the_learning_curve_from_step_0(tmp_path):
     assert sorted(p.name for p in paths) == ["iteration_time.png", "learning.png", "mixture.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
     assert plot_run([_history()[0]], RHO, tmp_path / "none") == []
+
+
+def test_every_figure_has_titles_whole_iteration_ticks_and_the_time_parts(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from rl.report import TIME_PARTS, run_figures
+
+    history = _history()
+    history.append({**history[-1], "iteration": 12})  # a long run: ticks must stay whole
+    figs = run_figures(history, RHO)
+    try:
+        assert sorted(figs) == ["iteration_time.png", "learning.png", "mixture.png"]
+        for name, fig in figs.items():
+            fig.canvas.draw()
+            for ax in fig.axes:
+                assert ax.get_title(), name
+                assert ax.get_xlabel() == "iteration", name
+                ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+                assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
+        (ax,) = figs["iteration_time.png"].axes
+        labels = ax.get_legend_handles_labels()[1]
+        assert labels == [label for _, label in TIME_PARTS] + ["other"]
+        assert labels[:4] == ["generation wait", "update", "weight sync", "evaluation"]
+        # iteration 3: 30 s plus its 2 s evaluation = 4 + 3 + 1.5 + 2 + 21.5 (other)
+        heights = [c.patches[2].get_height() for c in ax.containers]
+        assert heights == [4.0, 3.0, 1.5, 2.0, 21.5]
+    finally:
+        for fig in figs.values():
+            plt.close(fig)
+
+
+def test_summary_table_text_names_the_iteration_count_of_each_mean():
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(summary_table(_history()))
+    text = console.export_text()
+    assert "(3 iterations)" in text and "mean over iterations" in text
+
+    def last_cell(label):
+        line = next(line for line in text.splitlines() if label in line)
+        return [c.strip() for c in line.split("│") if c.strip()][-1]
+    assert last_cell("weight sync") == "2"  # the skipped update has no sync: 2 of 3
+    assert last_cell("iteration time") == "3"
