@@ -1,7 +1,7 @@
 """kv_horizon on small hand-made cases, fake clock (router/policies/kv_horizon.py).
 
 Engine in every case: 100 KV blocks of 16 tokens, U = 0.9 -> budget 90 blocks; decode rate
-prior 10 tokens/s per sequence and horizon 16 s -> a running request reserves
+prior 10 tokens/s per sequence and horizon 16 s (set in OPTIONS) -> a running request reserves
 min(10 * 16, out_b) = 160 tokens = 10 blocks of growth. Most cases use the request-level
 model (``current_from: model``, ``growth_model: request``), whose sums are easy to compute
 by hand; the defaults (engine-measured current blocks, session growth rate) have their own.
@@ -27,7 +27,7 @@ from router.policies.base import (
 
 METRICS = InstanceMetrics(num_blocks=100, block_size=16)
 OPTIONS = {"target_usage": 0.9, "decode_tokens_per_s_prior": 10.0, "horizon_s": 16.0, "turn_growth_prior_tokens": 32.0,
-           "current_from": "model", "growth_model": "request"}
+           "current_from": "model", "growth_model": "request", "lifetime_floor": False}
 
 
 def policy(**kw):
@@ -80,6 +80,23 @@ def test_default_reservation_is_the_engines_count_plus_new_prompts_plus_session_
     p.observe(RequestFinished(end, "w0", 100.5, prompt_tokens=1000, completion_tokens=320))
     assert list(p.session_growth["agent"]._samples) == [pytest.approx(10.0)]
     assert p.reserved_blocks("w0", 100.5) == 0.0  # the sample is stale by now: the model, no session left
+
+
+def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -> None:
+    p = policy(lifetime_floor=True, footprint_prior_tokens=480.0)  # prior k̄ = 30 blocks
+    view = cluster("w0")
+    start(p, req("s0", tokens=16), view, 0.0)  # 1 block + 10 growth, but k̄ = 30 counts
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(30.0)
+    start(p, req("s1", tokens=16), view, 0.0)
+    start(p, req("s2", tokens=16), view, 0.0)
+    assert isinstance(p.decide(req("s3", tokens=16), view, 0.0), Hold)  # 3 x 30 = 90: full
+    # 8 completed sessions of 100 s holding 10 blocks each -> k̄ = 10 blocks
+    for i in range(8):
+        r = req(f"d{i}", cls="rlhf", tokens=160, session_end=True)
+        p.observe(MetricsSampled("w1", METRICS, 0.0))
+        w = start(p, r, cluster("w1"), 0.0)
+        p.observe(RequestFinished(r, w, 100.0, prompt_tokens=160, completion_tokens=0))
+    assert p._footprint_blocks("rlhf", 16) == pytest.approx(10.0)
 
 
 def test_stale_metrics_fall_back_to_the_model() -> None:
