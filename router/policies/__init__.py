@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from router.policies.base import RouterConfigError, UnknownOptionError
 from router.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from router.policies.kv_horizon import KvHorizonConfig, KvHorizonPolicy
 from router.policies.misa import MisaConfig, MisaPolicy
 from router.policies.misa_t import MisaTConfig, MisaTPolicy
 from router.policies.registry import (
@@ -24,8 +25,11 @@ from router.policies.round_robin import RoundRobinConfig, RoundRobinPolicy
 from router.policies.session_admission import SessionAdmissionConfig, SessionAdmissionPolicy
 from router.policies.vllm_router import VllmRouterConfig, VllmRouterPolicy
 
-POLICY_NAMES: tuple[str, ...] = ("round_robin", "vllm_router", "cache_aware", "session_admission", "misa", "misa_t")
-"""The built-in policies (paper section 5.1's four, plus round_robin and the exact-index cache_aware anchor)."""
+POLICY_NAMES: tuple[str, ...] = (
+    "round_robin", "vllm_router", "cache_aware", "session_admission", "misa", "misa_t", "kv_horizon",
+)
+"""The built-in policies (paper section 5.1's four, plus round_robin, the exact-index cache_aware anchor
+and the project's own kv_horizon)."""
 
 for _name, _factory, _config in (
     ("round_robin", RoundRobinPolicy, RoundRobinConfig),
@@ -34,6 +38,7 @@ for _name, _factory, _config in (
     ("session_admission", SessionAdmissionPolicy, SessionAdmissionConfig),
     ("misa", MisaPolicy, MisaConfig),
     ("misa_t", MisaTPolicy, MisaTConfig),
+    ("kv_horizon", KvHorizonPolicy, KvHorizonConfig),
 ):
     register_policy(_name, _factory, _config)
 
@@ -50,6 +55,8 @@ __all__ = [
     "registered_policy_names",
     "CacheAwareConfig",
     "CacheAwarePolicy",
+    "KvHorizonConfig",
+    "KvHorizonPolicy",
     "MisaConfig",
     "MisaPolicy",
     "MisaTConfig",

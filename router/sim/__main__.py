@@ -29,12 +29,14 @@ from router.sim.experiments import (
     ClusterSpec,
     RunSpec,
     aggregate,
+    aggregate_phases,
     best_sweep_label,
     check_policy_params,
     composition_markdown,
     dump_json,
     headline,
     per_class_markdown,
+    phase_markdown,
     run_all,
     scale_counts,
     table5_markdown,
@@ -86,7 +88,13 @@ VALUE_RULES: dict[str, Rule] = {
     "run.ceiling": (or_null(number(whole=True, at_least=1)), "a whole number of units >= 1, or null"),
     "shift.at_frac": (number(above=0, below=1), "a fraction in (0, 1)"),
     "shift.rlvr_output_factor": (number(above=0), "a factor > 0"),
-    "shift.agent_tool_gap_factor": (number(above=0), "a factor > 0"),
+    "shift.agent_tool_gap_factor": (or_null(number(above=0)), "a factor > 0, or null (from agent_tool_gap_share_after)"),
+    "shift.agent_tool_gap_share_after": (number(above=0, below=1), "a share in (0, 1), e.g. 0.5"),
+    "shift.kv_event_loss": (number(at_least=0, below=1), "a loss probability in [0, 1)"),
+    "shift.baseline": (is_text, "a policy name such as vllm_router"),
+    "shift.policies": (lambda v: isinstance(v, list) and all(is_text(x) for x in v), "a list of policy names"),
+    "shift.sweep_ceilings": (or_null(lambda v: isinstance(v, list) and bool(v) and all(number(whole=True, at_least=1)(x) for x in v)),
+                             "a non-empty list of whole numbers >= 1, or null (sim.sweep_ceilings)"),
     "delay_factor": (number(above=0), "a factor > 0"),
     "sensitivity.policy": (is_text, "a policy name such as misa_t"),
     "sensitivity.params": (_sweep, "a mapping option -> non-empty list of values"),
@@ -286,44 +294,85 @@ class Experiment:
         return {"switch_s": switch_s, **truth}
 
     def shift(self) -> None:
-        """Experiment 5a: workload shift mid-run, misa_t vs misa_t_oracle."""
+        """Experiment 5a (issue 15): a workload shift after a stationary first phase.
+
+        Units released from ``at_s`` on have rlvr outputs x ``shift.rlvr_output_factor`` and
+        agent tool gaps stretched so that the gap occupancy gap / (gap + model time) becomes
+        ``shift.agent_tool_gap_share_after`` (from the shape's ``sim.tool_gap_share``; or
+        ``shift.agent_tool_gap_factor`` when given). ``at_s`` is the same simulated time for
+        every policy of a seed: ``at_frac`` of the window of (a) without the shift. Compared,
+        each per phase (before / after the shift: samples/min, output tok/min, prefix hit):
+        (a) ``shift.baseline`` at the static ceiling sweep-tuned on the unshifted workload,
+        (b) the same at the ceiling re-tuned on the phase after the shift (an oracle),
+        (c) misa_t with its windowed estimators, (d) misa_t_oracle (misa_t with the true class
+        values of (c)'s run), (e) each of ``shift.policies``, and (c), (e) again with snapshots
+        delayed ``delay_factor`` x and ``shift.kv_event_loss`` of the KV events lost."""
+        sh, cfg = self.raw["shift"], self.cfg
         high = self.ceiling(self.cluster.permissive_ceiling)
-        sh = self.raw["shift"]
-        base = self.run([self.spec("misa_t (no shift)", "misa_t", high, s) for s in self.seeds], "shift: no-shift")
+        base_pol = canonical_policy_name(sh["baseline"])
+        ceilings = [int(c) for c in (sh["sweep_ceilings"] or self.cluster.sweep_ceilings)]
+        sweep1 = [f"{base_pol}@{self.ceiling(c)} (phase 1)" for c in ceilings]
+        first = self.run([self.spec(lb, base_pol, self.ceiling(c), s) for lb, c in zip(sweep1, ceilings)
+                          for s in self.seeds], "shift: phase-1 sweep")
+        agg1 = aggregate(first)
+        tuned1 = best_sweep_label(agg1, sweep1)
         at = {}
-        for r in base:
-            t0, t1 = r["summary"]["window_s"]
-            at[r["seed"]] = t0 + sh["at_frac"] * (t1 - t0)
+        for r in first:
+            if r["label"] == tuned1:
+                t0, t1 = r["summary"]["window_s"]
+                at[r["seed"]] = t0 + sh["at_frac"] * (t1 - t0)
+        factor = sh["agent_tool_gap_factor"]
+        if factor is None:  # occupancy s -> s': gap/model ratio s/(1-s) -> s'/(1-s')
+            s0, s1 = self.cluster.tool_gap_share, float(sh["agent_tool_gap_share_after"])
+            factor = (s1 / (1 - s1)) / max(s0 / (1 - s0), 1e-9)
 
         def shift_of(seed: int) -> dict:
-            return {"at_s": at[seed], "rlvr_output_factor": sh["rlvr_output_factor"],
-                    "agent_tool_gap_factor": sh["agent_tool_gap_factor"]}
+            return {"at_s": at[seed], "rlvr_output_factor": sh["rlvr_output_factor"], "agent_tool_gap_factor": factor}
 
-        first = self.run(
-            [self.spec(f"{p} (shift)", p, high, s, shift=shift_of(s), record_truth=(p == "misa_t"))
-             for p in ("misa_t", "session_admission") for s in self.seeds], "shift: estimators")
-        truth = {r["seed"]: r["truth"] for r in first if r["policy"] == "misa_t"}
-        oracle = self.run(
-            [self.spec("misa_t_oracle (shift)", "misa_t_oracle", high, s,
-                       params=self._oracle_params(truth[s], at[s]), shift=shift_of(s)) for s in self.seeds],
-            "shift: oracle")
-        results = base + first + oracle
+        f = float(cfg.delay_factor)
+        sig = dict(self.raw["signals"])
+        degraded = {**sig, "metrics_delay_s": sig["metrics_delay_s"] * f, "kv_event_delay_s": sig["kv_event_delay_s"] * f,
+                    "kv_event_loss": float(sh["kv_event_loss"])}
+        tag = f"{f:g}x delay, {float(sh['kv_event_loss']):.0%} KV events lost"
+        sweep2 = {c: f"{base_pol}@{self.ceiling(c)} (shift)" for c in ceilings}
+        specs = [self.spec(sweep2[c], base_pol, self.ceiling(c), s, shift=shift_of(s)) for c in ceilings
+                 for s in self.seeds]
+        adaptive = ["misa_t"] + [canonical_policy_name(p) for p in sh["policies"]]
+        specs += [self.spec(f"{p} (shift)", p, high, s, shift=shift_of(s), record_truth=(p == "misa_t"))
+                  for p in adaptive for s in self.seeds]
+        specs += [with_params(self.spec(f"{p} (shift, {tag})", p, high, s, shift=shift_of(s)), signals=degraded)
+                  for p in adaptive for s in self.seeds]
+        second = self.run(specs, "shift: after the shift")
+        truth = {r["seed"]: r["truth"] for r in second if r["label"] == "misa_t (shift)"}
+        oracle = self.run([self.spec("misa_t_oracle (shift)", "misa_t_oracle", high, s,
+                                     params=self._oracle_params(truth[s], at[s]), shift=shift_of(s))
+                           for s in self.seeds], "shift: oracle estimates")
+        results = first + second + oracle
         agg = aggregate(results)
-        order = ["misa_t (no shift)", "misa_t (shift)", "misa_t_oracle (shift)", "session_admission (shift)"]
-        table = (table5_markdown(agg, "misa_t (shift)", order,
-                                 f"Workload shift at {sh['at_frac']:.0%} of the window: rlvr outputs x"
-                                 f"{sh['rlvr_output_factor']}, agent tool gaps x{sh['agent_tool_gap_factor']} "
-                                 f"({self.title}); baseline: misa_t under the shift")
-                 + "\n\n" + per_class_markdown(agg, order))
-        self.write(results, agg, table, {"shift_at_s": at, "truth": truth})
+        phase_agg = aggregate_phases(results)
+        retuned = max((lb for lb in sweep2.values() if lb in phase_agg),
+                      key=lambda lb: phase_agg[lb]["after_shift"]["samples_per_min"]["mean"])
+        a_label = sweep2[ceilings[sweep1.index(tuned1)]]
+        order = [a_label, retuned, "misa_t (shift)", "misa_t_oracle (shift)"]
+        order += [f"{p} (shift)" for p in adaptive[1:]] + [f"{p} (shift, {tag})" for p in adaptive]
+        order = list(dict.fromkeys(order))  # (a) and (b) may be the same ceiling
+        title = (f"Workload shift at {sh['at_frac']:.0%} of the window of {tuned1}: rlvr outputs x"
+                 f"{sh['rlvr_output_factor']}, agent tool gaps x{factor:.2f} (shape's occupancy "
+                 f"{self.cluster.tool_gap_share:.1%}) ({self.title})")
+        table = "\n\n".join([
+            phase_markdown(phase_agg, a_label, order, f"{title}; per phase, vs (a) {a_label}, the static ceiling "
+                           f"sweep-tuned on phase 1 (b: {retuned}, re-tuned on phase 2)"),
+            table5_markdown(agg, a_label, order, "Whole window, vs (a)") + "\n\n" + per_class_markdown(agg, order),
+            table5_markdown(agg, tuned1, sweep1, "Phase-1 sweep (no shift)"),
+            phase_markdown(phase_agg, a_label, list(sweep2.values()), "Sweep under the shift, per phase"),
+        ])
+        self.write(results, agg, table, {"shift_at_s": at, "truth": truth, "tool_gap_factor": factor,
+                                         "phase_aggregate": phase_agg, "tuned_phase1": tuned1, "retuned_phase2": retuned})
         tls = self.timelines(results, order)
-        if "misa_t (shift)" in tls:
-            plot_caps(tls["misa_t (shift)"], os.path.join(self.out, "caps_misa_t_shift.png"),
-                      f"MISA-T caps under the shift, {self.title}")
-        if "misa_t_oracle (shift)" in tls:
-            plot_caps(tls["misa_t_oracle (shift)"], os.path.join(self.out, "caps_oracle_shift.png"),
-                      f"oracle caps under the shift, {self.title}")
         plot_hit_rate(tls, os.path.join(self.out, "hit_rate.png"), f"prefix hit rate, {self.title}")
+        for lb, name in (("misa_t (shift)", "caps_misa_t_shift.png"), ("misa_t_oracle (shift)", "caps_oracle_shift.png")):
+            if lb in tls:
+                plot_caps(tls[lb], os.path.join(self.out, name), f"{lb} caps, {self.title}")
 
     def delay(self) -> None:
         """Experiment 5b: snapshot and KV-event delay x delay_factor, misa_t vs misa_t_oracle."""

@@ -8,7 +8,9 @@ standard deviation):
   the 128K-safe ceiling; (2) session_admission, misa, misa_t at the permissive ceiling;
   (3) cache_aware at that ceiling (the collapse diagnostic); (4) aimd and tool_pause at
   that ceiling. Table 5 is reported relative to the sweep-tuned cache_aware.
-- ``shift``: (5a) rlvr outputs and agent tool gaps grow mid-run; misa_t vs misa_t_oracle.
+- ``shift``: (5a, issue 15) after a stationary phase rlvr outputs grow and agent tool gaps
+  stretch; the static ceiling tuned before vs re-tuned after the shift, misa_t, misa_t_oracle,
+  kv_horizon, and the adaptive ones with delayed snapshots and lost KV events, per phase.
 - ``delay``: (5b) 10x snapshot (metrics and KV event) delay; misa_t vs misa_t_oracle.
 - ``sensitivity``: (6) misa_t with one open controller parameter varied at a time.
 - ``run``: one policy at one ceiling (quick checks).
@@ -378,6 +380,46 @@ def aggregate(results: list[dict]) -> dict[str, dict]:
         row["composition"] = {b: {k: statistics.fmean(v) for k, v in figs.items()} for b, figs in comp_rows.items()}
         out[label] = row
     return out
+
+
+PHASE_METRICS = ("samples_per_min", "output_tokens_per_min", "prefix_hit_rate", "tv_distance", "preemptions")
+"""Per-phase figures of a run with a workload shift (``summary["phases"]``)."""
+
+
+def aggregate_phases(results: list[dict]) -> dict[str, dict]:
+    """``{label: {phase: {metric: {mean, std}}}}`` over seeds, for runs whose summary has phases."""
+    by_label: dict[str, list[dict]] = {}
+    for r in results:
+        if r["summary"].get("phases"):
+            by_label.setdefault(r["label"], []).append(r["summary"]["phases"])
+    out: dict[str, dict] = {}
+    for label, rs in by_label.items():
+        for phase in ("before_shift", "after_shift"):
+            vals = {m: [p[phase][m] for p in rs if phase in p] for m in PHASE_METRICS}
+            out.setdefault(label, {})[phase] = {
+                m: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}
+                for m, v in vals.items() if v}
+    return out
+
+
+def phase_markdown(phase_agg: dict[str, dict], baseline: str, order: list[str], title: str) -> str:
+    """Samples/min and output tok/min change vs ``baseline`` (same phase), prefix hit, TV,
+    preemptions, before and after the shift (mean ± std over seeds)."""
+    lines = [f"### {title}", "", "| Router | phase | samples/min | vs baseline | output tok/min vs baseline "
+             "| prefix hit | TV (pp) | preemptions |", "|---|---|---|---|---|---|---|---|"]
+    for label in order:
+        if label not in phase_agg or baseline not in phase_agg:
+            continue
+        for phase in ("before_shift", "after_shift"):
+            row, base = phase_agg[label].get(phase), phase_agg[baseline].get(phase)
+            if not row or not base:
+                continue
+            d, s = _rel(row, base, "samples_per_min")
+            o, _ = _rel(row, base, "output_tokens_per_min")
+            lines.append(f"| {label} | {phase.replace('_', ' ')} | {row['samples_per_min']['mean']:.2f} | "
+                         f"{d:+.1f}% ± {s:.1f} | {o:+.1f}% | {100 * row['prefix_hit_rate']['mean']:.1f}% | "
+                         f"{100 * row['tv_distance']['mean']:.2f} | {row['preemptions']['mean']:.0f} |")
+    return "\n".join(lines)
 
 
 def _rel(row: dict, base: dict, m: str) -> tuple[float, float]:

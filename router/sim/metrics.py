@@ -223,6 +223,19 @@ def summarize(sim: Simulation, n_events: int) -> dict:
     out_tokens = {s.unit_id: unit_output_tokens(s, limit) for s in sim.trainer.sessions}
     comp = composition(sim.trainer.units.values(), out_tokens, t0, t1)
     gap, model = sim.log.agent_gap_s, sim.log.agent_model_s
+    phases = {}
+    if "shift" in w and t0 < w["shift"] < t1:  # a workload shift inside the window: each side alone
+        ts, cs = w["shift"], wc["shift"]
+        for name, (a, b, ca, cb) in {"before_shift": (t0, ts, c0, cs), "after_shift": (ts, t1, cs, c1)}.items():
+            fig = unit_figures(sim.trainer.units.values(), sim.trainer.rho, a, b)
+            q = sum(y[0] - x[0] for x, y in zip(ca, cb))
+            phases[name] = {
+                "window_s": [a, b], "samples_per_min": fig["samples_per_min"], "tv_distance": fig["tv_distance"],
+                "prefix_hit_rate": sum(y[1] - x[1] for x, y in zip(ca, cb)) / q if q else 0.0,
+                "output_tokens_per_min": composition(sim.trainer.units.values(), out_tokens, a, b)["total"][
+                    "output_tokens_per_min"],
+                "preemptions": int(sum(y[4] - x[4] for x, y in zip(ca, cb))),
+            }
     return {
         "window_s": [t0, t1],
         "samples_per_min": units["samples_per_min"],
@@ -245,4 +258,5 @@ def summarize(sim: Simulation, n_events: int) -> dict:
         "requests_finished": len(fin),
         "sim_end_s": sim.now,
         "events": n_events,
+        "phases": phases,
     }

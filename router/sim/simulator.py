@@ -74,7 +74,7 @@ from router.sim.metrics import RequestLog, summarize
 from router.sim.trace import TraceSession
 from router.sim.trainer import Trainer
 
-_ARRIVE, _RECHECK, _STEP, _SCRAPE, _DELIVER, _TICK, _SYNC, _REFRESH = range(8)
+_ARRIVE, _RECHECK, _STEP, _SCRAPE, _DELIVER, _TICK, _SYNC, _REFRESH, _SHIFT = range(9)
 
 
 @dataclass(frozen=True)
@@ -267,10 +267,12 @@ class Simulation:
         self._push(self._refresh_s, _REFRESH)
         if self.cfg.weight_sync_period_s:
             self._push(self.cfg.weight_sync_period_s, _SYNC)
+        if self.cfg.shift is not None:  # the engines' counters at the shift: figures per phase
+            self._push(self.cfg.shift.at_s, _SHIFT)
         handlers = {
             _ARRIVE: self._on_arrive, _RECHECK: self._on_recheck, _STEP: self._on_step,
             _SCRAPE: self._on_scrape, _DELIVER: self._on_deliver, _TICK: self._on_tick, _SYNC: self._on_sync,
-            _REFRESH: self._on_refresh,
+            _REFRESH: self._on_refresh, _SHIFT: lambda _a, _b: self._mark_window("shift"),
         }
         horizon = self.cfg.horizon_s
         n_events = 0

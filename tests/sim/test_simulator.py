@@ -230,3 +230,22 @@ def test_vllm_router_runs_in_the_simulator_on_synthetic_text(mini_trace):
     assert sum(policy.tree.tenant_sizes_chars().values()) > 0
     assert policy.decisions.get("session_id_match", 0) > 0 and policy.decisions.get("full_history_match", 0) > 0
     assert summary["composition"]["total"]["samples"] > 0
+
+
+def test_a_shift_run_reports_each_phase_and_the_longer_outputs_after_it(mini_trace):
+    from router.sim.simulator import WorkloadShift
+
+    base = run(mini_trace, "cache_aware", 8, {"match_from": "prefix_index"})
+    t0, t1 = base["window_s"]
+    at = t0 + 0.4 * (t1 - t0)
+    cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=8,
+                    context_limit_tokens=LIMIT, shift=WorkloadShift(at_s=at, rlvr_output_factor=3.0))
+    shifted = Simulation(cfg, mini_trace, make_policy("cache_aware", {"match_from": "prefix_index"})).run().summary
+    phases = shifted["phases"]
+    assert base["phases"] == {}  # no shift: no phases
+    assert phases["before_shift"]["window_s"][1] == pytest.approx(at) == phases["after_shift"]["window_s"][0]
+    for fig in phases.values():
+        assert fig["samples_per_min"] > 0 and 0 < fig["prefix_hit_rate"] <= 1
+    # rlvr outputs x3 after the shift: the same ceiling completes fewer samples per minute
+    assert phases["after_shift"]["samples_per_min"] < phases["before_shift"]["samples_per_min"]

@@ -1,0 +1,652 @@
+"""kv_horizon: admission by each session's KV blocks now plus its growth over a horizon.
+
+The project's own policy past the paper (issue 15). MISA-T reserves, for every protected
+session, one class footprint k_b (a quantile of completed sessions) for its whole life;
+footprints that grow during decode make that reservation too large early and too small
+late, and the caps end up counting sessions, not blocks. Here instance w reserves, in KV
+blocks, what its protected sessions hold now plus what they can add over ``horizon_s``,
+but never less than their classes' mean lifetime footprint::
+
+    R_w(t) = max( H_w(t) + Σ_s g_s + Σ_{s idle} last_s ,  Σ_b n_{w,b} k̄_b )
+      H_w(t) = KV usage x num_blocks at w's last fresh sample + own prompt blocks of the
+               requests started since (``current_from: metrics``); or, with stale metrics,
+               Σ_running (own prompt blocks + r_w (t - start_s) / block_size)
+      own    = prompt blocks minus those the session matched in w's cache at admission
+               (class / group prefix: stored once on the instance)
+      g_s    = gamma_b horizon_s / block_size  (``growth_model: session``): gamma_b = the
+               class's mean growth rate over completed sessions, (final - first prompt)
+               tokens / residency; r_w (measured per-sequence decode rate) before 8 of them
+      last_s = own blocks of a session between requests (an agent in a tool gap: its
+               history sits unreferenced in the cache, so the engine's count omits it)
+      k̄_b    = mean time-averaged footprint Z_s / T_s (Eq. 2) of completed class-b
+               sessions (``lifetime_floor``; ``footprint_prior_tokens`` before 8)
+
+A new session of class b may enter w when (Eq. 3 with these reservations)::
+
+    R_w(t) + max(own_new + g_new, k̄_b) <= U_w * num_blocks_w
+
+with U_w the operating usage target. Sums are kept per instance, so a decision costs
+O(instances x classes).
+
+Fast and slow signals (engine metrics): a sample that shows new preemptions lowers U_w
+multiplicatively (``backoff``, down to ``min_target_usage``), clean samples raise it back
+at ``recovery_per_s`` up to ``target_usage``; while w's waiting queue holds more than
+``waiting_limit`` requests no new session enters it (the fast signal: the engine is
+already behind); measured KV usage above U_w (the slow signal) does the same.
+
+Order and floors: new sessions are admitted in arrival order over all classes (the order
+the trainer released them; a held session holds every younger new one), so no class can be
+starved by another's demand. A *class floor* guarantees each class ``class_floor_sessions``
+protected sessions per instance even when the budget is full: such a session may pass the
+queue and exceed R_w <= U_w num_blocks; these are the only admissions that break Eq. 3,
+at most ``class_floor_sessions`` per class and instance at a time, counted in
+``state()["floor_admissions"]``.
+
+Continuations (a request of a session already bound to a healthy instance) are admitted
+there at once: no cap, no budget, no queue. A session whose instance went unhealthy
+re-acquires admission like a new one but without queueing behind new sessions.
+
+Placement among instances with room, MISA-T Eq. 1 with the prefix index's match
+H_{r,w} and the reservation fill as the backlog term::
+
+    c_w = (L_r - H_{r,w}) / block_size + balance_blocks * R_w(t) / (U_w num_blocks_w)
+
+GRPO siblings share their group prompt, so a sibling follows the first one (longer match)
+unless that instance is much fuller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Literal
+
+from router.estimators import BoundedHistory
+from router.policies.base import (
+    Admit,
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    ClusterView,
+    Decision,
+    Event,
+    Hold,
+    InstanceHealthChanged,
+    InstanceMetrics,
+    InstanceView,
+    MetricsSampled,
+    PolicyStats,
+    Request,
+    RequestFinished,
+    RequestStarted,
+    SessionEnded,
+)
+from router.prefix_index import PrefixIndex
+
+
+@dataclass(frozen=True)
+class KvHorizonConfig:
+    """Options of kv_horizon; the reason for each default is under it."""
+
+    target_usage: float = 0.92
+    """U: share of an instance's KV blocks the reservations may fill. vLLM preempts only at
+    100%; 8% covers estimate error and the blocks of requests between two metric samples."""
+    min_target_usage: float = 0.6
+    """Lowest U_w the preemption backoff goes to (below it, admission would idle the engine)."""
+    backoff: float = 0.95
+    """U_w <- U_w * 0.95 on a sample with new preemptions: a few preemptions cost a re-prefill
+    each, so a small step per sample suffices; repeated ones compound."""
+    recovery_per_s: float = 0.002
+    """U_w regains 0.2 points per second without preemptions (about a minute per 10 points)."""
+    current_from: Literal["metrics", "model"] = "metrics"
+    """What running requests hold now: ``metrics`` = the engine's KV usage at the last fresh
+    sample plus the prompts started since (exact up to one scrape; shared prefixes once);
+    ``model`` = prompt + r_w x elapsed per request (over-counts requests waiting or
+    preempted in the engine; used anyway when metrics are stale)."""
+    growth_model: Literal["request", "session"] = "session"
+    """What a protected session may add over ``horizon_s``: ``session`` = gamma_b x horizon,
+    gamma_b the class's mean growth rate over whole sessions ((final - first prompt) tokens
+    / residency s, completed sessions; r_w before 8), for running and idle sessions alike:
+    agent sessions grow across turns and RLVR ones through their decode, and both keep
+    growing past a short horizon; ``request`` = a running request's min(r_w horizon, out_b)
+    and an idle session's mean turn growth (only the next minute: measured to admit too
+    many sessions that grow later and preempt, see the module docstring)."""
+    lifetime_floor: bool = True
+    """Also reserve at least k̄_b per protected session of class b: the class's mean
+    time-averaged footprint (Z_s / T_s, Eq. 2) over completed sessions, i.e. the instance
+    reserves max(current + growth, Σ_b n_b k̄_b). Without it a young session commits only its
+    prompt and a horizon of growth, so when load drops dozens enter at once, outgrow the
+    pool together later and preempt (measured: 40 sessions per replica where 16 fit)."""
+    footprint_prior_tokens: float = 32768.0
+    """k̄_b before 8 sessions of class b completed (tokens, at the instance's block size): a
+    long sample, so the start does not admit a flood of small young sessions."""
+    horizon_s: float = 120.0
+    """Growth horizon: a few metric windows, short against RLVR decodes (tens of minutes).
+    Screened on seeds 10-11 at scale 0.25 (step3.7-like): 30 s 2.80 samples/min, 120 s 2.92."""
+    output_quantile: float = 0.75
+    """out_b = this quantile of the class's completed-request outputs caps horizon growth, so
+    short-output classes (agent turns) do not reserve a full horizon of decode."""
+    decode_tokens_per_s_prior: float = 30.0
+    """Per-sequence decode rate before any metric (a large MoE at ~60 sequences per replica)."""
+    rate_smoothing: float = 0.2
+    """EMA weight of a new decode-rate measurement (one scrape is noisy)."""
+    turn_growth_prior_tokens: float = 1024.0
+    """Prompt growth per agent turn before 8 turns were seen (tool output + model output)."""
+    history: int = 256
+    """Samples kept per class for out_b and the turn growth (follows drift in a few hundred)."""
+    class_floor_sessions: int = 1
+    """Protected sessions per class and instance that are admitted even when the budget is
+    full: a class is never starved (MISA-T keeps caps >= 1 for the same reason)."""
+    waiting_limit: int = 8
+    """No new session on an instance whose waiting queue is longer: it is already behind
+    (a few waiting prefills are normal under chunked prefill)."""
+    balance_blocks: float = 64.0
+    """Eq. 1 backlog weight: a full instance costs as much as 64 uncached prompt blocks."""
+    fallback_num_blocks: int = 364
+    """KV blocks assumed before an instance reports its size (the smallest engine here)."""
+    block_size_fallback_tokens: int = 16
+    """Tokens per block until an instance reports it (vLLM's GPU default)."""
+    metrics_stale_s: float = 10.0
+    """A sample older than this gives no fast or slow signal (a few scrape periods)."""
+    recheck_s: float = 0.5
+    """Recheck delay of a held new session (half a scrape period)."""
+    no_healthy_recheck_s: float = 1.0
+    """Recheck delay when no instance is healthy (a health-probe period)."""
+    idle_timeout_s: float = 120.0
+    """A protected session with nothing in flight this long ends (longer than tool gaps)."""
+    held_forget_s: float = 300.0
+    """A held session not re-decided for this long is dropped (its caller gave up)."""
+
+    def __post_init__(self) -> None:
+        bad = []
+        if not 0 < self.min_target_usage <= self.target_usage <= 1:
+            bad.append("need 0 < min_target_usage <= target_usage <= 1")
+        if not 0 < self.backoff < 1 or not 0 < self.rate_smoothing <= 1 or not 0 < self.output_quantile <= 1:
+            bad.append("backoff must be in (0, 1), rate_smoothing and output_quantile in (0, 1]")
+        for name in ("horizon_s", "decode_tokens_per_s_prior", "footprint_prior_tokens", "metrics_stale_s", "recheck_s",
+                     "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"):
+            if not getattr(self, name) > 0:
+                bad.append(f"{name} must be > 0")
+        for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "class_floor_sessions",
+                     "waiting_limit"):
+            if getattr(self, name) < 0:
+                bad.append(f"{name} must be >= 0")
+        if self.history < 1 or self.fallback_num_blocks < 1 or self.block_size_fallback_tokens < 1:
+            bad.append("history, fallback_num_blocks and block_size_fallback_tokens must be >= 1")
+        if bad:
+            raise ValueError("; ".join(bad))
+
+
+_HELD, _BOUND, _LOOSE = "held", "bound", "loose"
+"""Session states: held (waiting for admission), bound to an instance, loose (never
+admitted yet, or its instance went away: it must acquire admission)."""
+
+
+class _Session:
+    """One unfinished session (mutable; the policy's own ledger)."""
+
+    __slots__ = ("session_id", "workload_class", "state", "instance", "running", "start_s", "prompt_blocks",
+                 "last_blocks", "shared_blocks", "last_activity_s", "held_since_s", "last_decided_s", "floor",
+                 "rebound", "first_tokens", "admitted_s", "block_seconds", "last_t", "last_blocks_seen")
+
+    def __init__(self, session_id: str, workload_class: str, now: float) -> None:
+        self.session_id = session_id
+        self.workload_class = workload_class
+        self.state = _LOOSE
+        self.instance: str | None = None
+        self.running = 0  # requests in flight
+        self.start_s = 0.0  # start of the running request
+        self.prompt_blocks = 0  # own prompt blocks of the running request (shared prefix excluded)
+        self.last_blocks = 0  # own blocks after its last finished request
+        self.shared_blocks = 0  # blocks matched on its instance when first admitted (shared prefix)
+        self.last_activity_s = now
+        self.held_since_s: float | None = None
+        self.last_decided_s = now
+        self.floor = False
+        self.rebound = False
+        self.first_tokens: int | None = None  # prompt tokens of its first request
+        self.admitted_s: float | None = None
+        self.block_seconds = 0.0  # Z_s = ∫ k_s dt so far (piecewise linear between request events)
+        self.last_t: float | None = None
+        self.last_blocks_seen = 0
+
+    def integrate(self, now: float, blocks: int) -> None:
+        """Add the trapezoid from the last observation to (now, blocks) to Z_s."""
+        if self.last_t is not None and now > self.last_t:
+            self.block_seconds += 0.5 * (self.last_blocks_seen + blocks) * (now - self.last_t)
+        self.last_t, self.last_blocks_seen = now, blocks
+
+
+class _InstanceLoad:
+    """Per-instance sums behind Σ k~_s(t) (see the module docstring), kept incrementally."""
+
+    __slots__ = ("running", "sum_start_s", "prompt_blocks", "running_by_class", "idle_blocks", "idle_by_class",
+                 "sessions_by_class", "floor_by_class", "target", "rate", "last_metrics", "last_sample_s", "recent",
+                 "recent_blocks")
+
+    def __init__(self, target: float, rate: float) -> None:
+        self.running = 0
+        self.sum_start_s = 0.0
+        self.prompt_blocks = 0
+        self.running_by_class: dict[str, int] = {}
+        self.idle_blocks = 0
+        self.idle_by_class: dict[str, int] = {}
+        self.sessions_by_class: dict[str, int] = {}
+        self.floor_by_class: dict[str, int] = {}
+        self.target = target  # U_w
+        self.rate = rate  # r_w, tokens/s per sequence
+        self.last_metrics: InstanceMetrics | None = None
+        self.last_sample_s: float | None = None
+        self.recent: deque[tuple[float, int]] = deque()  # (start s, own prompt blocks) since the last sample
+        self.recent_blocks = 0
+
+
+def _bump(counts: dict[str, int], key: str, by: int) -> None:
+    n = counts.get(key, 0) + by
+    if n:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
+
+
+class KvHorizonPolicy:
+    """Admission by current KV plus horizon growth, arrival order, class floors (module docstring)."""
+
+    name = "kv_horizon"
+
+    def __init__(self, config: KvHorizonConfig | None = None) -> None:
+        self.config = config or KvHorizonConfig()
+        cfg = self.config
+        self.stats = PolicyStats()
+        self.index = PrefixIndex()
+        self.sessions: dict[str, _Session] = {}
+        self.loads: dict[str, _InstanceLoad] = {}
+        self.held: OrderedDict[str, _Session] = OrderedDict()  # new sessions, arrival order
+        self._idle: OrderedDict[str, _Session] = OrderedDict()  # bound, nothing in flight, by last activity
+        self.outputs: dict[str, BoundedHistory] = {}  # per class: completion tokens per request
+        self.turn_growth: dict[str, BoundedHistory] = {}  # per class: prompt growth per turn (tokens)
+        self._last_prompt: dict[str, int] = {}  # session -> prompt + output tokens of its last request
+        self.session_growth: dict[str, BoundedHistory] = {}  # per class: gamma_b samples (tokens/s)
+        self.footprints: dict[str, BoundedHistory] = {}  # per class: Z_s / T_s of completed sessions (blocks)
+        self._block_size: dict[str, int] = {}
+        self._num_blocks: dict[str, int] = {}
+        self._now = 0.0
+        self.counters = {"continuations": 0, "rebinds": 0, "floor_admissions": 0, "over_budget_admissions": 0,
+                         "holds_budget": 0, "holds_queue": 0, "holds_signal": 0, "backoffs": 0,
+                         "idle_expired": 0, "abandoned_holds": 0}
+        self._fallback_rate = cfg.decode_tokens_per_s_prior
+
+    # ----------------------------------------------------------------- estimates
+
+    def _load(self, instance: str) -> _InstanceLoad:
+        load = self.loads.get(instance)
+        if load is None:
+            load = self.loads[instance] = _InstanceLoad(self.config.target_usage, self._fallback_rate)
+        return load
+
+    def _bs(self, instance: str) -> int:
+        return self._block_size.get(instance, self.config.block_size_fallback_tokens)
+
+    def _out_tokens(self, workload_class: str) -> float | None:
+        h = self.outputs.get(workload_class)
+        return h.quantile(self.config.output_quantile) if h is not None and len(h) >= 8 else None
+
+    def _turn_tokens(self, workload_class: str) -> float:
+        h = self.turn_growth.get(workload_class)
+        return h.mean() if h is not None and len(h) >= 8 else self.config.turn_growth_prior_tokens
+
+    def _footprint_blocks(self, workload_class: str, bs: int) -> float:
+        """k̄_b: mean time-averaged footprint of completed class-b sessions (blocks), or the prior."""
+        h = self.footprints.get(workload_class)
+        return h.mean() if h is not None and len(h) >= 8 else self.config.footprint_prior_tokens / bs
+
+    def _session_growth_blocks(self, load: _InstanceLoad, workload_class: str, bs: int) -> float:
+        """gamma_b x horizon in blocks (``growth_model: session``)."""
+        h = self.session_growth.get(workload_class)
+        rate = h.mean() if h is not None and len(h) >= 8 else load.rate
+        return rate * self.config.horizon_s / bs
+
+    def _growth_blocks(self, load: _InstanceLoad, workload_class: str, bs: int) -> float:
+        """g_s of a new or running session of ``workload_class``, in blocks."""
+        if self.config.growth_model == "session":
+            return self._session_growth_blocks(load, workload_class, bs)
+        tokens = load.rate * self.config.horizon_s
+        out = self._out_tokens(workload_class)
+        if out is not None:
+            tokens = min(tokens, out)
+        return tokens / bs
+
+    def reserved_blocks(self, instance: str, now: float) -> float:
+        """Σ_{s on w} k~_s(t): what the protected sessions of ``instance`` hold and may add (blocks).
+
+        The part running requests hold now is, with a fresh sample, the engine's own count
+        (KV usage x blocks at the sample) plus the own prompt blocks of requests started
+        since; without one, the model (prompt + decode so far at r_w)."""
+        load = self._load(instance)
+        bs = self._bs(instance)
+        m = load.last_metrics
+        if (self.config.current_from == "metrics" and m is not None and load.last_sample_s is not None
+                and now - load.last_sample_s <= self.config.metrics_stale_s):
+            held = m.kv_cache_usage * self._num_blocks.get(instance, self.config.fallback_num_blocks) + load.recent_blocks
+        else:
+            held = load.prompt_blocks + load.rate * max(0.0, load.running * now - load.sum_start_s) / bs  # Σ d_s(t)
+        growth = sum(n * self._growth_blocks(load, b, bs) for b, n in load.running_by_class.items())
+        if self.config.growth_model == "session":
+            turns = sum(n * self._session_growth_blocks(load, b, bs) for b, n in load.idle_by_class.items())
+        else:
+            turns = sum(n * self._turn_tokens(b) / bs for b, n in load.idle_by_class.items())
+        reserved = held + growth + load.idle_blocks + turns
+        if self.config.lifetime_floor:
+            committed = sum(n * self._footprint_blocks(b, bs) for b, n in load.sessions_by_class.items())
+            reserved = max(reserved, committed)  # max(current + growth, Σ_b n_b k̄_b)
+        return reserved
+
+    def budget_blocks(self, instance: str) -> float:
+        """U_w * num_blocks_w."""
+        return self._load(instance).target * self._num_blocks.get(instance, self.config.fallback_num_blocks)
+
+    def _signal_blocks(self, view: InstanceView) -> str | None:
+        """Why fresh metrics of ``view`` forbid new sessions now (None: they do not)."""
+        m = view.metrics
+        if m is None or view.metrics_age_s is None or view.metrics_age_s > self.config.metrics_stale_s:
+            return None
+        if m.num_requests_waiting > self.config.waiting_limit:
+            return "waiting queue"
+        if m.kv_cache_usage > self._load(view.instance).target:
+            return "KV usage above target"
+        return None
+
+    # ----------------------------------------------------------------- decide
+
+    def decide(self, request: Request, view: ClusterView, now: float) -> Decision:
+        """Continuation: its instance. New session: the cheapest instance with room, in arrival order."""
+        self._advance(now)
+        cfg = self.config
+        rec = self.sessions.get(request.session_id)
+        healthy = view.healthy()
+        if rec is not None and rec.state == _BOUND:
+            if any(v.instance == rec.instance for v in healthy):
+                self.stats.admits += 1
+                self.counters["continuations"] += 1
+                return Admit(rec.instance, reason="continuation")
+            self._unbind(rec)
+            rec.rebound = True
+            self.counters["rebinds"] += 1
+        if rec is None:
+            rec = self.sessions[request.session_id] = _Session(request.session_id, request.workload_class, now)
+        rec.last_decided_s = now
+        if not healthy:
+            return self._hold(rec, now, cfg.no_healthy_recheck_s, "no healthy instance", None)
+        behind = not rec.rebound and self._earlier_held(rec) is not None
+        matched = self.index.longest_prefix_match(request.block_hashes) if request.block_hashes else {}
+        best, best_cost, floor_pick, why = None, math.inf, None, "budget"
+        for v in healthy:
+            w = v.instance
+            load = self._load(w)
+            if load.sessions_by_class.get(rec.workload_class, 0) < cfg.class_floor_sessions:
+                floor_pick = floor_pick or v
+            if behind:
+                continue
+            signal = self._signal_blocks(v)
+            if signal is not None:
+                why = "signal"
+                continue
+            bs = self._bs(w)
+            shared = matched.get(w, 0)
+            own = max(0, request.prompt_tokens // bs - shared)
+            need = own + self._growth_blocks(load, rec.workload_class, bs)  # k~_new
+            if cfg.lifetime_floor:
+                need = max(need, self._footprint_blocks(rec.workload_class, bs))
+            reserved, budget = self.reserved_blocks(w, now), self.budget_blocks(w)
+            if reserved + need > budget:  # Σ k~_s + k~_new <= U_w num_blocks  (Eq. 3)
+                continue
+            cost = own + cfg.balance_blocks * reserved / max(budget, 1e-9)  # c_w (Eq. 1, in blocks)
+            if cost < best_cost:
+                best, best_cost = v, cost
+        if best is not None:
+            return self._admit(rec, request, best.instance, matched, now, floor=False)
+        if floor_pick is not None:
+            return self._admit(rec, request, floor_pick.instance, matched, now, floor=True)
+        if behind:
+            return self._hold(rec, now, cfg.recheck_s, "behind an earlier held session", "holds_queue")
+        return self._hold(rec, now, cfg.recheck_s, f"no instance with room ({why})",
+                          "holds_signal" if why == "signal" else "holds_budget")
+
+    def _earlier_held(self, rec: _Session) -> _Session | None:
+        for head in self.held.values():
+            return None if head is rec else head
+        return None
+
+    def _admit(self, rec: _Session, request: Request, instance: str, matched: dict[str, int], now: float,
+               floor: bool) -> Admit:
+        if rec.state == _HELD:
+            del self.held[rec.session_id]
+        load = self._load(instance)
+        bs = self._bs(instance)
+        rec.state, rec.instance, rec.held_since_s, rec.floor = _BOUND, instance, None, floor
+        if not rec.rebound:
+            rec.shared_blocks = min(matched.get(instance, 0), request.prompt_tokens // bs)
+            rec.first_tokens, rec.admitted_s = request.prompt_tokens, now
+            rec.integrate(now, 0)
+        _bump(load.sessions_by_class, rec.workload_class, 1)
+        if floor:
+            _bump(load.floor_by_class, rec.workload_class, 1)
+            self.counters["floor_admissions"] += 1
+        # reserved from the admission on (RequestStarted, which follows, restates it)
+        if rec.running:
+            self._stop_running(rec, load)
+        self._start_running(rec, load, max(0, request.prompt_tokens // bs - rec.shared_blocks), now)
+        if floor and self.reserved_blocks(instance, now) > self.budget_blocks(instance):
+            self.counters["over_budget_admissions"] += 1  # the only admissions that break Eq. 3
+        self.stats.admits += 1
+        return Admit(instance, reason=("floor " if floor else "") + ("rebound" if rec.rebound else "new"))
+
+    def _hold(self, rec: _Session, now: float, recheck_s: float, reason: str, counter: str | None) -> Hold:
+        if rec.state != _HELD:
+            rec.state, rec.held_since_s = _HELD, now
+            self.held[rec.session_id] = rec
+        if counter:
+            self.counters[counter] += 1
+        self.stats.holds += 1
+        return Hold(recheck_s, reason=reason)
+
+    # ----------------------------------------------------------------- ledger
+
+    def _idle_add(self, rec: _Session, load: _InstanceLoad) -> None:
+        load.idle_blocks += rec.last_blocks
+        _bump(load.idle_by_class, rec.workload_class, 1)
+        self._idle.pop(rec.session_id, None)
+        self._idle[rec.session_id] = rec
+
+    def _idle_remove(self, rec: _Session, load: _InstanceLoad) -> None:
+        load.idle_blocks -= rec.last_blocks
+        _bump(load.idle_by_class, rec.workload_class, -1)
+        self._idle.pop(rec.session_id, None)
+
+    def _unbind(self, rec: _Session) -> None:
+        """``rec`` leaves its instance's sums (it ended, or its instance went away)."""
+        if rec.state != _BOUND:
+            return
+        load = self._load(rec.instance)
+        if rec.running:
+            self._stop_running(rec, load)
+        else:
+            self._idle_remove(rec, load)
+        _bump(load.sessions_by_class, rec.workload_class, -1)
+        if rec.floor:
+            _bump(load.floor_by_class, rec.workload_class, -1)
+        rec.state, rec.instance, rec.running, rec.floor = _LOOSE, None, 0, False
+
+    def _start_running(self, rec: _Session, load: _InstanceLoad, prompt_blocks: int, now: float) -> None:
+        rec.running, rec.start_s, rec.prompt_blocks = 1, now, prompt_blocks
+        load.running += 1
+        load.sum_start_s += now
+        load.prompt_blocks += prompt_blocks
+        _bump(load.running_by_class, rec.workload_class, 1)
+        load.recent.append((now, prompt_blocks))
+        load.recent_blocks += prompt_blocks
+
+    def _stop_running(self, rec: _Session, load: _InstanceLoad) -> None:
+        load.running -= 1
+        load.sum_start_s -= rec.start_s
+        load.prompt_blocks -= rec.prompt_blocks
+        _bump(load.running_by_class, rec.workload_class, -1)
+
+    def _end(self, session_id: str) -> None:
+        rec = self.sessions.pop(session_id, None)
+        self._last_prompt.pop(session_id, None)
+        if rec is None:
+            return
+        if rec.state == _HELD:
+            del self.held[session_id]
+        self._unbind(rec)
+        self._idle.pop(session_id, None)
+
+    def _advance(self, now: float) -> None:
+        """Expire idle sessions and abandoned holds up to ``now``."""
+        self._now = max(self._now, now)
+        cfg = self.config
+        while self._idle:
+            sid, rec = next(iter(self._idle.items()))
+            if now - rec.last_activity_s < cfg.idle_timeout_s:
+                break
+            self.counters["idle_expired"] += 1
+            self._end(sid)
+        while self.held:
+            sid, rec = next(iter(self.held.items()))
+            if now - rec.last_decided_s < cfg.held_forget_s:
+                break
+            self.counters["abandoned_holds"] += 1
+            self._end(sid)
+
+    # ----------------------------------------------------------------- observe
+
+    def observe(self, event: Event) -> None:
+        """Sessions' sizes from request events, the prefix index from KV events, U_w and r_w from metrics."""
+        self._advance(event.now)
+        if isinstance(event, RequestStarted):
+            self._on_started(event)
+        elif isinstance(event, RequestFinished):
+            self._on_finished(event)
+        elif isinstance(event, SessionEnded):
+            self._end(event.session_id)
+        elif isinstance(event, BlocksStored):
+            self.index.store(event.instance, event.block_hashes)
+        elif isinstance(event, BlocksRemoved):
+            self.index.remove(event.instance, event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            self.index.clear(event.instance)
+        elif isinstance(event, MetricsSampled):
+            self._on_metrics(event)
+        elif isinstance(event, InstanceHealthChanged) and not event.healthy:
+            for rec in [r for r in self.sessions.values() if r.instance == event.instance]:
+                self._unbind(rec)
+                rec.rebound = True
+                self.counters["rebinds"] += 1
+
+    def _on_started(self, event: RequestStarted) -> None:
+        rec = self.sessions.get(event.request.session_id)
+        if rec is None or rec.state != _BOUND or rec.instance != event.instance:
+            return
+        load = self._load(event.instance)
+        bs = self._bs(event.instance)
+        tokens = event.request.prompt_tokens
+        last = self._last_prompt.get(rec.session_id)
+        if last is not None and tokens > last:
+            self.turn_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(tokens - last)
+        if rec.running:  # restates the admission's accounting (or a second request in flight: its latest prompt)
+            self._stop_running(rec, load)
+            if (rec.start_s, rec.prompt_blocks) in load.recent:
+                load.recent.remove((rec.start_s, rec.prompt_blocks))
+                load.recent_blocks -= rec.prompt_blocks
+        else:
+            self._idle_remove(rec, load)
+        self._start_running(rec, load, max(0, tokens // bs - rec.shared_blocks), event.now)
+        rec.integrate(event.now, max(rec.last_blocks_seen, -(-tokens // bs)))
+        rec.last_activity_s = event.now
+
+    def _on_finished(self, event: RequestFinished) -> None:
+        req = event.request
+        rec = self.sessions.get(req.session_id)
+        if not event.instance:  # dropped before admission: its client left
+            if rec is not None and rec.state == _HELD and not rec.running:
+                self.counters["abandoned_holds"] += 1
+                self._end(req.session_id)
+            return
+        if event.ok and event.completion_tokens:
+            self.outputs.setdefault(req.workload_class, BoundedHistory(self.config.history)).append(
+                event.completion_tokens)
+        if rec is None or rec.state != _BOUND or rec.instance != event.instance or not rec.running:
+            return
+        total = (event.prompt_tokens or req.prompt_tokens) + event.completion_tokens
+        rec.integrate(event.now, -(-total // self._bs(event.instance)))
+        if req.session_end:
+            if rec.first_tokens is not None and rec.admitted_s is not None and event.now > rec.admitted_s:
+                residency = event.now - rec.admitted_s
+                gamma = max(0, total - rec.first_tokens) / residency
+                self.session_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(gamma)
+                self.footprints.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(
+                    rec.block_seconds / residency)  # Z_s / T_s  (MISA-T Eq. 2)
+            self._end(req.session_id)
+            return
+        load = self._load(event.instance)
+        bs = self._bs(event.instance)
+        self._last_prompt[rec.session_id] = total
+        self._stop_running(rec, load)
+        rec.running = 0
+        rec.last_blocks = max(0, -(-total // bs) - rec.shared_blocks)
+        rec.last_activity_s = event.now
+        self._idle_add(rec, load)
+
+    def _on_metrics(self, event: MetricsSampled) -> None:
+        cfg, m, w = self.config, event.metrics, event.instance
+        load = self._load(w)
+        if m.block_size:
+            self._block_size[w] = m.block_size
+        if m.num_blocks:
+            self._num_blocks[w] = m.num_blocks
+        prev, prev_s = load.last_metrics, load.last_sample_s
+        if prev_s is not None and event.now < prev_s:
+            return  # an older sample delivered late
+        load.last_metrics, load.last_sample_s = m, event.now
+        while load.recent and load.recent[0][0] <= event.now:  # now inside the engine's own count
+            load.recent_blocks -= load.recent.popleft()[1]
+        if prev is None or prev_s is None or event.now <= prev_s:
+            return
+        dt = event.now - prev_s
+        generated = m.generation_tokens_total - prev.generation_tokens_total
+        running = max(m.num_requests_running, prev.num_requests_running)
+        if generated > 0 and running > 0:  # r_w = Δgen / Δt / running, smoothed
+            sample = generated / dt / running
+            load.rate += cfg.rate_smoothing * (sample - load.rate)
+        if m.num_preemptions_total > prev.num_preemptions_total:  # fast signal: U_w backs off
+            load.target = max(cfg.min_target_usage, load.target * cfg.backoff)
+            self.counters["backoffs"] += 1
+        elif m.num_preemptions_total >= prev.num_preemptions_total:
+            load.target = min(cfg.target_usage, load.target + cfg.recovery_per_s * dt)
+
+    # ----------------------------------------------------------------- state
+
+    def state(self) -> dict:
+        """JSON snapshot: decisions, counters, per-instance reservation, budget, U_w, r_w, sessions."""
+        now = self._now
+        instances = {}
+        for w, load in sorted(self.loads.items()):
+            instances[w] = {
+                "reserved_blocks": self.reserved_blocks(w, now), "budget_blocks": self.budget_blocks(w),
+                "target_usage": load.target, "decode_tokens_per_s": load.rate, "running": load.running,
+                "sessions": dict(load.sessions_by_class), "floor_sessions": dict(load.floor_by_class),
+            }
+        return {
+            "policy": self.name, "admits": self.stats.admits, "holds": self.stats.holds, **self.counters,
+            "held_count": len(self.held),
+            "oldest_hold_age_s": max((now - r.held_since_s for r in self.held.values() if r.held_since_s is not None),
+                                     default=0.0),
+            # the timeline's "caps": protected sessions per instance (what a static ceiling would fix)
+            "caps": {w: {"all": sum(i["sessions"].values()), "budget_fill": i["reserved_blocks"] / max(i["budget_blocks"], 1e-9)}
+                     for w, i in instances.items()},
+            "ledger_sizes": {"tracked": len(self.sessions), "held": len(self.held), "prefix_index_blocks": len(self.index)},
+            "instances": instances,
+            "prefix_index": self.index.state(),
+        }

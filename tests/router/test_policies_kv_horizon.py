@@ -1,0 +1,261 @@
+"""kv_horizon on small hand-made cases, fake clock (router/policies/kv_horizon.py).
+
+Engine in every case: 100 KV blocks of 16 tokens, U = 0.9 -> budget 90 blocks; decode rate
+prior 10 tokens/s per sequence and horizon 16 s (set in OPTIONS) -> a running request reserves
+min(10 * 16, out_b) = 160 tokens = 10 blocks of growth. Most cases use the request-level
+model (``current_from: model``, ``growth_model: request``), whose sums are easy to compute
+by hand; the defaults (engine-measured current blocks, session growth rate) have their own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from router.policies import make_policy
+from router.policies.base import (
+    Admit,
+    ClusterView,
+    Hold,
+    InstanceMetrics,
+    InstanceView,
+    MetricsSampled,
+    Request,
+    RequestFinished,
+    RequestStarted,
+    SessionEnded,
+)
+
+METRICS = InstanceMetrics(num_blocks=100, block_size=16)
+OPTIONS = {"target_usage": 0.9, "decode_tokens_per_s_prior": 10.0, "horizon_s": 16.0, "turn_growth_prior_tokens": 32.0,
+           "current_from": "model", "growth_model": "request", "lifetime_floor": False}
+
+
+def policy(**kw):
+    p = make_policy("kv_horizon", {**OPTIONS, **kw})
+    for w in ("w0", "w1"):
+        p.observe(MetricsSampled(w, METRICS, 0.0))
+    return p
+
+
+def cluster(*names: str, metrics=METRICS, age_s: float = 0.0) -> ClusterView:
+    return ClusterView(tuple(InstanceView(n, metrics=metrics, metrics_age_s=age_s) for n in names))
+
+
+def req(session: str, cls: str = "agent", turn: int = 0, tokens: int = 160, **kw) -> Request:
+    return Request(request_id=f"{session}/{turn}", session_id=session, workload_class=cls, prompt_tokens=tokens, **kw)
+
+
+def start(p, r: Request, view: ClusterView, now: float) -> str:
+    d = p.decide(r, view, now)
+    assert isinstance(d, Admit), d
+    p.observe(RequestStarted(r, d.instance, now))
+    return d.instance
+
+
+def test_reservation_is_current_blocks_plus_decode_so_far_plus_horizon_growth() -> None:
+    p = policy()
+    start(p, req("s0", tokens=320), cluster("w0"), 0.0)  # 320 / 16 = 20 prompt blocks
+    # t = 0: 20 + decoded 0 + growth 10 = 30 blocks
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(30.0)
+    # t = 8 s: decoded 10 tok/s * 8 s = 80 tokens = 5 blocks -> 35
+    assert p.reserved_blocks("w0", 8.0) == pytest.approx(35.0)
+    # the turn finishes with 160 output tokens: 480 tokens = 30 blocks; between turns it
+    # reserves those plus the class's turn growth prior 32 tokens = 2 blocks
+    p.observe(RequestFinished(req("s0", tokens=320), "w0", 16.0, prompt_tokens=320, completion_tokens=160))
+    assert p.reserved_blocks("w0", 16.0) == pytest.approx(32.0)
+
+
+def test_default_reservation_is_the_engines_count_plus_new_prompts_plus_session_growth() -> None:
+    p = policy(current_from="metrics", growth_model="session")
+    view = cluster("w0")
+    start(p, req("s0", tokens=320), view, 0.5)  # after the sample of t = 0 (usage 0)
+    # 0 measured + 20 prompt blocks started since + gamma prior (r_w = 10 tok/s) x 16 s = 10 blocks
+    assert p.reserved_blocks("w0", 0.5) == pytest.approx(30.0)
+    p.observe(MetricsSampled("w0", InstanceMetrics(num_blocks=100, block_size=16, kv_cache_usage=0.25), 1.0))
+    # the sample of t = 1 counts it: 25 measured blocks + 10 growth
+    assert p.reserved_blocks("w0", 1.0) == pytest.approx(35.0)
+    # it ends after 100 s with 1,320 tokens: gamma = (1320 - 320) / 100 s = 10 tok/s; after 8
+    # such sessions the class's own gamma replaces the prior
+    end = req("s0", tokens=1000, session_end=True)
+    p.observe(RequestFinished(end, "w0", 100.5, prompt_tokens=1000, completion_tokens=320))
+    assert list(p.session_growth["agent"]._samples) == [pytest.approx(10.0)]
+    assert p.reserved_blocks("w0", 100.5) == 0.0  # the sample is stale by now: the model, no session left
+
+
+def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -> None:
+    p = policy(lifetime_floor=True, footprint_prior_tokens=480.0)  # prior k̄ = 30 blocks
+    view = cluster("w0")
+    start(p, req("s0", tokens=16), view, 0.0)  # 1 block + 10 growth, but k̄ = 30 counts
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(30.0)
+    start(p, req("s1", tokens=16), view, 0.0)
+    start(p, req("s2", tokens=16), view, 0.0)
+    assert isinstance(p.decide(req("s3", tokens=16), view, 0.0), Hold)  # 3 x 30 = 90: full
+    # 8 completed sessions of 100 s holding 10 blocks each -> k̄ = 10 blocks
+    for i in range(8):
+        r = req(f"d{i}", cls="rlhf", tokens=160, session_end=True)
+        p.observe(MetricsSampled("w1", METRICS, 0.0))
+        w = start(p, r, cluster("w1"), 0.0)
+        p.observe(RequestFinished(r, w, 100.0, prompt_tokens=160, completion_tokens=0))
+    assert p._footprint_blocks("rlhf", 16) == pytest.approx(10.0)
+
+
+def test_stale_metrics_fall_back_to_the_model() -> None:
+    p = policy(current_from="metrics", growth_model="session")
+    start(p, req("s0", tokens=320), cluster("w0"), 0.5)
+    # 60 s later the last sample is stale: prompt 20 + decoded 10 tok/s x 59.5 s / 16 + growth 10
+    assert p.reserved_blocks("w0", 60.0) == pytest.approx(20 + 595 / 16 + 10)
+
+
+def test_new_sessions_admitted_while_eq3_budget_holds_then_held() -> None:
+    p = policy()
+    view = cluster("w0")
+    # each session: 20 prompt blocks + 10 growth = 30; budget 90 -> three fit, the fourth not
+    for i in range(3):
+        start(p, req(f"s{i}", cls="agent", tokens=320), view, 0.0)
+        assert p.reserved_blocks("w0", 0.0) <= p.budget_blocks("w0")
+    d = p.decide(req("s3", cls="agent", tokens=320), view, 0.0)
+    assert isinstance(d, Hold) and "room" in d.reason
+    assert p.state()["over_budget_admissions"] == 0
+
+
+def test_continuation_is_never_held_by_the_budget_or_the_queue() -> None:
+    p = policy()
+    view = cluster("w0")
+    start(p, req("a", tokens=320), view, 0.0)
+    p.observe(RequestFinished(req("a", tokens=320), "w0", 1.0, prompt_tokens=320, completion_tokens=16))
+    for i in range(2):
+        start(p, req(f"s{i}", tokens=320), view, 1.0)
+    assert isinstance(p.decide(req("late", tokens=320), view, 1.0), Hold)  # budget full, a new session waits
+    # the next turn of "a" is 1,200 tokens (75 blocks): far over the budget, admitted anyway
+    d = p.decide(req("a", turn=1, tokens=1200), view, 2.0)
+    assert d == Admit("w0", reason="continuation")
+
+
+def test_class_is_never_starved_beyond_its_floor() -> None:
+    p = policy()
+    view = cluster("w0")
+    for i in range(3):
+        start(p, req(f"v{i}", cls="rlvr", tokens=320), view, 0.0)
+    assert isinstance(p.decide(req("v3", cls="rlvr", tokens=320), view, 0.0), Hold)
+    # rlhf has no session on w0: its floor (1) admits one past the budget and past the
+    # older held rlvr session, and counts it as an overshoot of Eq. 3
+    d = p.decide(req("h0", cls="rlhf", tokens=320), view, 0.0)
+    assert isinstance(d, Admit) and d.reason.startswith("floor")
+    st = p.state()
+    assert st["floor_admissions"] == 1 and st["over_budget_admissions"] == 1
+    # a second rlhf session is above the floor: it waits like any other
+    assert isinstance(p.decide(req("h1", cls="rlhf", tokens=320), view, 0.0), Hold)
+    assert p.state()["instances"]["w0"]["floor_sessions"] == {"rlhf": 1}
+
+
+def test_without_a_floor_a_class_waits_behind_the_budget() -> None:
+    p = policy(class_floor_sessions=0)
+    view = cluster("w0")
+    for i in range(3):
+        start(p, req(f"v{i}", cls="rlvr", tokens=320), view, 0.0)
+    assert isinstance(p.decide(req("h0", cls="rlhf", tokens=320), view, 0.0), Hold)
+
+
+def test_new_sessions_admitted_in_arrival_order_over_classes() -> None:
+    p = policy(class_floor_sessions=0)
+    view = cluster("w0")
+    for i in range(2):
+        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
+    # a big agent session (60 blocks + 10) does not fit and waits; a small rlhf one that
+    # would fit (2 + 10) must not pass it
+    assert isinstance(p.decide(req("big", tokens=960), view, 0.0), Hold)
+    d = p.decide(req("small", cls="rlhf", tokens=32), view, 0.0)
+    assert isinstance(d, Hold) and "behind" in d.reason
+    # one session ends: the big one enters first, then the small one
+    p.observe(RequestFinished(req("a0", tokens=320, session_end=True), "w0", 1.0, prompt_tokens=320,
+                              completion_tokens=0))
+    p.observe(SessionEnded("a1", 1.0))
+    assert isinstance(p.decide(req("big", tokens=960), view, 1.0), Admit)
+    assert isinstance(p.decide(req("small", cls="rlhf", tokens=32), view, 1.0), Admit)
+
+
+def test_shared_prefix_is_reserved_once_per_instance() -> None:
+    from router.policies.base import BlocksStored
+
+    p = policy()
+    view = cluster("w0")
+    shared = tuple(range(1, 11))  # a 10-block class prompt already cached on w0
+    p.observe(BlocksStored("w0", shared, 0.0))
+    r = req("s0", tokens=320, block_hashes=shared + (101, 102, 103, 104, 105, 106, 107, 108, 109, 110))
+    start(p, r, view, 0.0)
+    # 20 prompt blocks, 10 of them matched on w0: own 10 + growth 10
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(20.0)
+
+
+def test_preemptions_back_the_usage_target_off_and_clean_samples_restore_it() -> None:
+    p = policy()
+    p.observe(MetricsSampled("w0", InstanceMetrics(num_blocks=100, block_size=16, num_preemptions_total=3), 1.0))
+    assert p.budget_blocks("w0") == pytest.approx(0.9 * 0.95 * 100)  # U_w <- 0.95 U_w
+    p.observe(MetricsSampled("w0", InstanceMetrics(num_blocks=100, block_size=16, num_preemptions_total=3), 6.0))
+    # 5 s without preemptions: +0.002/s * 5 s = +0.01
+    assert p.budget_blocks("w0") == pytest.approx((0.9 * 0.95 + 0.01) * 100)
+    p.observe(MetricsSampled("w0", InstanceMetrics(num_blocks=100, block_size=16, num_preemptions_total=3), 600.0))
+    assert p.budget_blocks("w0") == pytest.approx(90.0)  # never above target_usage
+
+
+def test_decode_rate_follows_the_engines_generation_counter() -> None:
+    p = policy(rate_smoothing=1.0)
+    p.observe(MetricsSampled("w0", InstanceMetrics(num_blocks=100, block_size=16, num_requests_running=4,
+                                                   generation_tokens_total=400.0), 2.0))
+    # 400 tokens in 2 s over 4 sequences = 50 tokens/s each
+    assert p.state()["instances"]["w0"]["decode_tokens_per_s"] == pytest.approx(50.0)
+
+
+def test_long_waiting_queue_or_usage_above_target_stops_new_sessions_only() -> None:
+    p = policy()
+    start(p, req("a"), cluster("w0"), 0.0)
+    queued = InstanceMetrics(num_blocks=100, block_size=16, num_requests_waiting=9)
+    d = p.decide(req("b"), cluster("w0", metrics=queued), 0.0)
+    assert isinstance(d, Hold) and "signal" in d.reason
+    full = InstanceMetrics(num_blocks=100, block_size=16, kv_cache_usage=0.95)
+    assert isinstance(p.decide(req("b"), cluster("w0", metrics=full), 0.0), Hold)
+    assert isinstance(p.decide(req("a", turn=1), cluster("w0", metrics=full), 0.0), Admit)
+    # a stale sample gives no signal
+    assert isinstance(p.decide(req("b"), cluster("w0", metrics=full, age_s=60.0), 0.0), Admit)
+
+
+def test_placement_prefers_the_prefix_match_unless_that_instance_is_much_fuller() -> None:
+    from router.policies.base import BlocksStored
+
+    p = policy(balance_blocks=64.0)
+    view = cluster("w0", "w1")
+    group = tuple(range(1, 9))  # 8 blocks of a group prompt cached on w1
+    p.observe(BlocksStored("w1", group, 0.0))
+    r = req("g1", tokens=160, block_hashes=group + (50, 51))
+    # w0: own 10 blocks + 0 fill; w1: own 2 + 0 fill -> w1
+    assert start(p, r, view, 0.0) == "w1"
+    # fill w1 (its reservations reach 62 of 90): 64 * 62/90 = 44 > the 8 blocks saved -> w0
+    start(p, req("fill", tokens=640), ClusterView((view.instances[1],)), 0.0)
+    r2 = req("g2", tokens=160, block_hashes=group + (60, 61))
+    assert start(p, r2, view, 0.0) == "w0"
+
+
+def test_abandoned_hold_is_forgotten_and_does_not_block_the_queue() -> None:
+    p = policy(class_floor_sessions=0)
+    view = cluster("w0")
+    for i in range(3):
+        start(p, req(f"s{i}", tokens=320), view, 0.0)
+    assert isinstance(p.decide(req("gone", tokens=320), view, 0.0), Hold)
+    p.observe(RequestFinished(req("gone", tokens=320), "", 1.0, ok=False))  # its client left
+    p.observe(SessionEnded("s0", 1.0))
+    assert isinstance(p.decide(req("next", tokens=160), view, 1.0), Admit)  # 61.25 + 20 <= 90
+    assert p.state()["abandoned_holds"] == 1
+
+
+def test_a_session_that_ends_returns_exactly_its_reservation() -> None:
+    # regression: a session closed by its last request's X-Session-End was once subtracted
+    # from the idle sums it never entered, and the instance's reservation went negative
+    p = policy(growth_model="request")
+    view = cluster("w0")
+    start(p, req("keep", tokens=320), view, 0.0)
+    kept = p.reserved_blocks("w0", 0.0)
+    for i in range(3):
+        r = req(f"s{i}", tokens=160, session_end=True)
+        start(p, r, view, 0.0)
+        p.observe(RequestFinished(r, "w0", 0.0, prompt_tokens=160, completion_tokens=160))
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(kept)
