@@ -188,7 +188,11 @@ class Experiment:
         """
         for policy, params in {(s.policy, json.dumps(s.params, sort_keys=True)) for s in specs}:
             check_policy_params(policy, json.loads(params))
+        # A bar on a terminal; into a file or pipe (a log) one plain line per finished run,
+        # not the bar's carriage-return redraws.
+        interactive = sys.stderr.isatty()
         bar = tqdm(total=len(specs), desc=what, unit="run", dynamic_ncols=True,
+                   disable=not interactive,
                    bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} runs [{elapsed}<{remaining}{postfix}]")
         done = [0.0] * len(specs)
 
@@ -202,8 +206,13 @@ class Experiment:
             self.completed.append(result)
             with open(os.path.join(self.out, "runs.jsonl"), "a") as f:
                 f.write(json.dumps(result, default=float) + "\n")
-            bar.set_postfix_str(f"{result['label']} s{result['seed']}: "
-                                f"{result['summary']['samples_per_min']:.2f} samples/min")
+            line = (f"{result['label']} s{result['seed']}: "
+                    f"{result['summary']['samples_per_min']:.2f} samples/min")
+            if interactive:
+                bar.set_postfix_str(line)
+            else:
+                print(f"{what}: {len(self.completed)}/{len(specs)} runs done; {line}",
+                      file=sys.stderr, flush=True)
 
         try:
             return run_all(specs, int(self.cfg.workers), finished, advance)

@@ -67,3 +67,6 @@ def test_table5_reports_both_baselines_the_composition_and_ends_with_the_headlin
     table = next(tmp_path.glob("table5-*/table.md")).read_text()
     assert "baseline: sweep-tuned vllm_router@" in table and "baseline: sweep-tuned cache_aware@" in table
     assert "Composition of the completed samples" in table and "| total |" in table
+    # stderr is a pipe here, as a log file is: one line per finished run, no bar redraws
+    assert "\r" not in p.stderr
+    assert "runs done; misa_t s0:" in p.stderr
