@@ -60,13 +60,18 @@ import torch
 import torch.distributed as dist
 
 from rl.distributed import RankGroup, token_balanced_partition
-from rl.grpo import TrainSample, collate, masked_mean
+from rl.grpo import TrainSample, collate, logprob_mismatch, masked_mean
 from rl.learner import (STATE_FILE, Learner, LearnerConfig, LearnerError, checkpoint_state,
                         fresh_sibling, load_policy, swap_into_place)
 from rl.learner import _resolve_device as resolve_device
 
 INDEX_FILE = "model.safetensors.index.json"
 DCP_DIR = "dcp"
+
+# What each rank sums over its micro-batches in a step, reduced on rank 0 (token-weighted
+# sums, so the ranks' parts add up to the one-rank figures).
+_SUMS = ("loss", "clipped", "ratio", "kl", "tokens", "mismatch_abs", "mismatch_k3",
+         "mismatch_tokens", "tis")
 
 
 def peak_memory_reset(device: torch.device) -> None:
@@ -213,7 +218,8 @@ class ShardedLearner(Learner):
 
     # ------------------------------------------------------------------ commands
 
-    _COMMANDS = {"step": "_step", "log_probs": "_log_probs", "gather": "_gather_buckets",
+    _COMMANDS = {"step": "_step", "loss": "_loss", "log_probs": "_log_probs",
+                 "gather": "_gather_buckets",
                  "save_weights": "_save_weights", "save_checkpoint": "_save_checkpoint",
                  "load_checkpoint": "_load_checkpoint"}
 
@@ -299,9 +305,56 @@ class ShardedLearner(Learner):
         return out
 
     def loss(self, samples: Sequence[TrainSample]) -> float:
-        """The GRPO loss of ``samples`` under the current weights (rank 0's forward of the
-        whole batch would need every rank: computed as a step's loss without the update)."""
-        raise LearnerError("ShardedLearner.loss is not available; step() returns the loss")
+        """As ``Learner.loss``: the GRPO loss of ``samples`` under the current weights, no
+        update. The samples are spread over the ranks as in ``step`` (each micro-batch
+        normalised by the whole batch's counts) and the ranks' parts summed on rank 0.
+
+        Raises:
+            GRPOError: malformed samples. RankError: a rank failed.
+        """
+        collate(samples, self.pad_token_id)
+        return self._collective("loss", list(samples))
+
+    def _loss(self, samples: Sequence[TrainSample] | None) -> float | None:
+        local, n_seqs, n_tok, n_micro, _ = self._scatter_batch(samples)
+        part = torch.zeros(1, dtype=torch.float64)
+        with torch.no_grad():
+            for mb in self._micro_batches(local, n_micro):
+                if mb is None:
+                    self._logp(self._dummy_batch())
+                    continue
+                part += float(self._batch_loss(mb, n_seqs, n_tok)[0])
+        dist.reduce(part, dst=0)
+        return float(part) if self.group.rank == 0 else None
+
+    def _scatter_batch(self, samples: Sequence[TrainSample] | None):
+        """Rank 0 splits ``samples`` over the ranks by tokens; every rank gets (its
+        samples, the whole batch's sequence and loss-token counts, the micro-batch count
+        every rank runs, per sample of its own: 1.0 when it was generated at this
+        policy version (the mismatch's tokens, as ``Learner.step``), else 0.0). Only rank 0
+        knows ``version``: the workers never see ``step``'s increment."""
+        payload = None
+        if self.group.rank == 0:
+            full = collate(samples, self.pad_token_id)
+            n_seqs, n_tok = len(full), float(full.loss_mask.sum())
+            parts = self._plan(samples)
+            n_micro = self._micro_count(parts)
+            current = [float(s.policy_version is None or s.policy_version == self.version)
+                       for s in samples]
+            payload = [([samples[i] for i in p], n_seqs, n_tok, n_micro, [current[i] for i in p])
+                       for p in parts]
+        return self._scatter(payload)
+
+    def _micro_batches(self, local: list[TrainSample], n_micro: int) -> Iterator[Any]:
+        """This rank's ``n_micro`` micro-batches of ``micro_batch_size`` sequences, None
+        for each one past its samples (the rank then runs a zero-weight dummy)."""
+        mbs = self.cfg.micro_batch_size
+        batch = collate(local, self.pad_token_id) if local else None
+        for k in range(n_micro):
+            if batch is not None and k * mbs < len(batch):
+                yield batch.slice(k * mbs, min((k + 1) * mbs, len(batch)))
+            else:
+                yield None
 
     # ------------------------------------------------------------------ update
 
@@ -309,7 +362,8 @@ class ShardedLearner(Learner):
         """One GRPO update on ``samples`` over all ranks; ``version`` += 1.
 
         Returns ``Learner.step``'s stats (``grad_norm`` is the global norm before
-        clipping), plus ``ranks``, ``rank_tokens_max`` / ``rank_tokens_min`` (tokens per
+        clipping; the train/inference mismatch ``mismatch/*`` summed over every rank's
+        tokens before it is averaged), plus ``ranks``, ``rank_tokens_max`` / ``rank_tokens_min`` (tokens per
         rank after the partition), ``peak_mem_gib_rank<r>`` (each rank's peak memory
         during the step) and ``optimizer_state_mib_rank<r>`` (the AdamW state it holds).
 
@@ -324,33 +378,26 @@ class ShardedLearner(Learner):
     def _step(self, samples: Sequence[TrainSample] | None) -> dict[str, float] | None:
         t0 = time.perf_counter()
         peak_memory_reset(self.device)
-        payload = None
-        if self.group.rank == 0:
-            full = collate(samples, self.pad_token_id)
-            n_seqs, n_tok = len(full), float(full.loss_mask.sum())
-            parts = self._plan(samples)
-            n_micro = self._micro_count(parts)
-            payload = [([samples[i] for i in p], n_seqs, n_tok, n_micro) for p in parts]
-        local, n_seqs, n_tok, n_micro = self._scatter(payload)
+        local, n_seqs, n_tok, n_micro, current = self._scatter_batch(samples)
         self.optimizer.zero_grad(set_to_none=True)
         mbs = self.cfg.micro_batch_size
-        batch = collate(local, self.pad_token_id) if local else None
-        # [loss, clipped tokens, ratio sum, kl sum, tokens of this rank]
-        sums = torch.zeros(5, dtype=torch.float64)
-        for k in range(n_micro):
-            if batch is not None and k * mbs < len(batch):
-                mb = batch.slice(k * mbs, min((k + 1) * mbs, len(batch)))
-                loss, st, mask = self._batch_loss(mb, n_seqs, n_tok)
-                # FSDP's reduce-scatter averages over ranks; x world size makes it the sum
-                # (gloo has no PREMUL_SUM for set_gradient_divide_factor(1)).
-                (loss * self.group.world_size).backward()
-                w = float(mask.sum())
-                sums += torch.tensor([float(loss.detach()), masked_mean(st["clipped"], mask) * w,
-                                      masked_mean(st["ratio"], mask) * w,
-                                      masked_mean(st["kl"], mask) * w,
-                                      float(mb.attention_mask.sum())], dtype=torch.float64)
-            else:
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64)  # in the order of _SUMS
+        for k, mb in enumerate(self._micro_batches(local, n_micro)):
+            if mb is None:
                 (self._logp(self._dummy_batch()).sum() * 0.0).backward()
+                continue
+            loss, st, mask = self._batch_loss(mb, n_seqs, n_tok)
+            # FSDP's reduce-scatter averages over ranks; x world size makes it the sum
+            # (gloo has no PREMUL_SUM for set_gradient_divide_factor(1)).
+            (loss * self.group.world_size).backward()
+            w = float(mask.sum())
+            rows = torch.tensor(current[k * mbs:k * mbs + len(mb)], device=mask.device).unsqueeze(1)
+            mis = logprob_mismatch(st["learner_logp"], mb.old_logp.to(mask.device), mask * rows)
+            tis = masked_mean(st["tis_weight"], mask) * w if "tis_weight" in st else 0.0
+            sums += torch.tensor([float(loss.detach()), masked_mean(st["clipped"], mask) * w,
+                                  masked_mean(st["ratio"], mask) * w,
+                                  masked_mean(st["kl"], mask) * w,
+                                  float(mb.attention_mask.sum()), *mis, tis], dtype=torch.float64)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf"))
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
@@ -360,14 +407,19 @@ class ShardedLearner(Learner):
                                           self.optimizer_state_bytes()))
         if self.group.rank != 0:
             return None
-        tot = [sum(r[0][i] for r in per_rank) for i in range(5)]
+        tot = dict(zip(_SUMS, (sum(r[0][i] for r in per_rank) for i in range(len(_SUMS)))))
         d = max(n_tok, 1.0)
-        out = {"loss": tot[0], "clip_frac": tot[1] / d, "ratio_mean": tot[2] / d, "kl": tot[3] / d,
-               "grad_norm": grad_norm, "num_seqs": float(n_seqs), "num_loss_tokens": n_tok,
-               "ranks": float(self.group.world_size),
-               "rank_tokens_max": max(r[0][4] for r in per_rank),
-               "rank_tokens_min": min(r[0][4] for r in per_rank),
-               "step_s": time.perf_counter() - t0}
+        out = {"loss": tot["loss"], "clip_frac": tot["clipped"] / d, "ratio_mean": tot["ratio"] / d,
+               "kl": tot["kl"] / d, "grad_norm": grad_norm, "num_seqs": float(n_seqs),
+               "num_loss_tokens": n_tok, "ranks": float(self.group.world_size),
+               "rank_tokens_max": max(r[0][_SUMS.index("tokens")] for r in per_rank),
+               "rank_tokens_min": min(r[0][_SUMS.index("tokens")] for r in per_rank),
+               "step_s": time.perf_counter() - t0, "mismatch/tokens": tot["mismatch_tokens"]}
+        if tot["mismatch_tokens"] > 0:
+            out["mismatch/logprob_abs_diff"] = tot["mismatch_abs"] / tot["mismatch_tokens"]
+            out["mismatch/k3_kl"] = tot["mismatch_k3"] / tot["mismatch_tokens"]
+        if self.cfg.loss.tis_cap is not None:
+            out["tis_weight_mean"] = tot["tis"] / d
         for r, (_, peak, optim) in enumerate(per_rank):
             out[f"peak_mem_gib_rank{r}"] = peak / 2**30
             out[f"optimizer_state_mib_rank{r}"] = optim / 2**20

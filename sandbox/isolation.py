@@ -14,9 +14,11 @@ Two modes, chosen from the caller's user:
   drops the command to a workspace-private user id (``uid_base + slot``) with no
   capabilities and ``no_new_privs``. RLIMIT_NPROC is counted per user, so the process
   limit is exact per workspace.
-- *unprivileged host* (CI runners): bubblewrap makes a user namespace. The process limit
-  then counts the caller's other processes too; it is set to their number plus the
-  limit (a weaker bound, said in ``process_limit_note``).
+- *unprivileged host* (CI runners): bubblewrap makes a user namespace. Linux >= 5.14
+  counts RLIMIT_NPROC per user namespace, so the process limit is exact per sandbox there
+  too (it also counts bubblewrap's PID 1 and the watcher, which run inside). An older
+  kernel counts all of the caller's processes: the limit is then set to their number
+  plus ``max_processes``, a weaker bound (``nproc_counted_per_user_namespace``).
 
 ``unsafe_no_isolation=True`` runs commands directly in the workspace folder with only
 the rlimits: for machines without bubblewrap, never for untrusted model output.
@@ -25,6 +27,7 @@ the rlimits: for machines without bubblewrap, never for untrusted model output.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -45,6 +48,19 @@ BWRAP_INSTALL_HINT = (
 
 
 _CHECKED: set["IsolationConfig"] = set()
+
+NPROC_PER_USER_NAMESPACE_SINCE = (5, 14)
+"""First Linux release that counts RLIMIT_NPROC per user namespace ("ucounts" rlimits):
+a process in a new user namespace is limited by the tasks of its user in that namespace,
+not by all the tasks its user runs on the host."""
+
+
+def nproc_counted_per_user_namespace(release: str | None = None) -> bool:
+    """True when the kernel (``release``, default this one's ``uname -r``) counts
+    RLIMIT_NPROC per user namespace, so that an unprivileged sandbox's process limit holds
+    for the sandbox alone; False for older kernels and a release it cannot read."""
+    m = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return m is not None and (int(m[1]), int(m[2])) >= NPROC_PER_USER_NAMESPACE_SINCE
 
 
 def _default_runtime_paths() -> list[str]:
@@ -175,7 +191,8 @@ class IsolationConfig:
             workspace: host folder mounted read-write at ``/workspace``.
             uid: workspace user id (root-host mode), or None.
             limits: the rlimits to apply (``Limits.prlimit_argv``).
-            nproc: RLIMIT_NPROC override (unprivileged mode), or None.
+            nproc: RLIMIT_NPROC override (unprivileged mode on an old kernel, or
+                without isolation), or None for ``limits.max_processes``.
             command: a ``/bin/sh -c`` command string.
             alive_fd: read end of a pipe whose write end only the caller holds, passed
                 to the command (``pass_fds``); EOF on it means the caller is gone and the

@@ -24,8 +24,8 @@ class Limits:
         cpu_s: CPU seconds per process (RLIMIT_CPU; SIGXCPU then SIGKILL).
         memory_bytes: address space per process (RLIMIT_AS).
         max_processes: processes and threads the sandbox user may have at once
-            (RLIMIT_NPROC; exact per workspace when the host runs as root, see
-            ``IsolationConfig``).
+            (RLIMIT_NPROC; exact per workspace when the host runs as root, and in the
+            unprivileged mode on Linux >= 5.14; see ``sandbox/isolation.py``).
         file_size_bytes: largest file a process may write (RLIMIT_FSIZE).
         output_bytes: stdout and stderr are each kept up to this many bytes: the head and
             the tail, with a marker saying how much was cut in between.

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from sandbox.errors import SandboxError
-from sandbox.isolation import SANDBOX_WORKDIR, IsolationConfig
+from sandbox.isolation import SANDBOX_WORKDIR, IsolationConfig, nproc_counted_per_user_namespace
 from sandbox.limits import CappedBuffer, Limits
 
 DRAIN_AFTER_KILL_S = 5.0
@@ -301,9 +301,15 @@ class Workspace:
     # ------------------------------------------------------------------ commands
 
     def _nproc(self, limits: Limits) -> int | None:
+        """RLIMIT_NPROC for a command: None for ``limits.max_processes`` where the count
+        holds the sandbox's processes only (its own uid on a root host; its own user
+        namespace on Linux >= 5.14), else this user's other processes plus the limit."""
         if self.uid is not None or self.isolation.unsafe_no_isolation and os.geteuid() == 0:
             return None
-        # Unprivileged host: RLIMIT_NPROC counts all of this user's processes.
+        if not self.isolation.unsafe_no_isolation and nproc_counted_per_user_namespace():
+            return None
+        # Unprivileged host on an old kernel (or no isolation): RLIMIT_NPROC counts all of
+        # this user's processes.
         me = os.getuid()
         mine = sum(1 for p in psutil.process_iter(["uids"])
                    if p.info["uids"] is not None and p.info["uids"].real == me)

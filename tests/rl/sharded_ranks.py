@@ -57,11 +57,18 @@ def main() -> int:
         if scenario == "train":
             learner.save_weights(work / "w0")
             logp = learner.log_probs(samples)
+            loss = learner.loss(samples)
             stats = learner.step(samples)
             learner.save_weights(work / "w1")
+            streamed = learner.weights_for_sync(to_cpu=True)  # the NCCL sync's stream
+            meta = [(n, list(t.shape), str(t.dtype)) for n, t in streamed.items()]
+            torch.save({"meta": meta, "tensors": {n: t.to("cpu") for n, t in streamed.items()}},
+                       work / "streamed.pt")
             torch.save(learner.full_state(), work / "full.pt")
             learner.save_checkpoint(work / "ckpt", extra={"sampler": {"num_groups": 3}})
             (work / "stats.json").write_text(json.dumps({"step": stats, "log_probs": logp,
+                                                         "loss": loss,
+                                                         "disk": vars(learner.disk_estimate(2)),
                                                          "sync": learner.last_sync_stats}))
         elif scenario == "resume":
             extra = learner.load_checkpoint(work / "ckpt")

@@ -8,6 +8,7 @@ MASTER_ADDR / MASTER_PORT on 127.0.0.1), running tests/rl/sharded_ranks.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import signal
@@ -46,9 +47,16 @@ def _tiny_model(folder: Path) -> Path:
     return folder
 
 
+# The engine's log-probs of samples 0 and 1 are 0.05 nats above the learner's (a
+# train/inference mismatch), sample 3 was generated at another policy version (left out
+# of the mismatch); the others are on-policy.
+ENGINE_OFFSET = {0: 0.05, 1: 0.05}
+OTHER_VERSION = {3: 7}
+
+
 def _samples(learner: Learner) -> list[TrainSample]:
     """5 samples of different lengths (so the 2 ranks get different counts and one runs a
-    zero-weight micro-batch), with on-policy old log-probs and a masked-out span."""
+    zero-weight micro-batch), with a masked-out span, engine log-probs as above."""
     g = torch.Generator().manual_seed(1)
     raw = []
     for i, (p, c) in enumerate([(5, 9), (3, 4), (7, 12), (4, 6), (6, 3)]):
@@ -57,8 +65,9 @@ def _samples(learner: Learner) -> list[TrainSample]:
         raw.append(TrainSample(ids[:p], ids[p:], [0.0] * c, 0.0, loss_mask=mask))
     old = learner.log_probs(raw)
     adv = [1.0, -0.5, 0.8, -1.2, 0.3]
-    return [TrainSample(s.prompt_ids, s.completion_ids, lp, a, loss_mask=s.loss_mask)
-            for s, lp, a in zip(raw, old, adv)]
+    return [TrainSample(s.prompt_ids, s.completion_ids, [x + ENGINE_OFFSET.get(i, 0.0) for x in lp],
+                        a, loss_mask=s.loss_mask, policy_version=OTHER_VERSION.get(i))
+            for i, (s, lp, a) in enumerate(zip(raw, old, adv))]
 
 
 def _launch(n: int, scenario: str, work: Path, model: Path) -> list[subprocess.Popen]:
@@ -112,10 +121,12 @@ def trained(tmp_path_factory):
     samples = _samples(ref)
     (work / "samples.pkl").write_bytes(pickle.dumps(samples))
     ref_logp = ref.log_probs(samples)
+    ref_loss = ref.loss(samples)
     ref_stats = ref.step(samples)
     _run(2, "train", work, model)
     return {"work": work, "model": model, "initial": initial, "ref_stats": ref_stats,
-            "ref_logp": ref_logp, "ref_weights": ref.model.state_dict(),
+            "ref_logp": ref_logp, "ref_loss": ref_loss, "ref_weights": ref.model.state_dict(),
+            "samples": samples,
             **json.loads((work / "stats.json").read_text())}
 
 
@@ -134,6 +145,31 @@ def test_two_ranks_take_the_one_rank_step(trained):
     w1 = _folder_weights(trained["work"] / "w1")
     for k, v in trained["ref_weights"].items():
         torch.testing.assert_close(w1[k], v, rtol=1e-5, atol=1e-5)
+
+
+def test_two_ranks_compute_the_one_rank_loss_without_an_update(trained):
+    # loss() before the step, on the weights both learners started from
+    assert trained["loss"] == pytest.approx(trained["ref_loss"], rel=1e-5)
+    assert trained["loss"] == pytest.approx(trained["step"]["loss"], rel=1e-5)  # same forward
+
+
+def test_disk_estimate_of_the_sharded_model_is_the_whole_models(trained):
+    # rl.train prints it at start for either learner: global sizes, not one rank's shards
+    ref = Learner(trained["model"], LearnerConfig(device="cpu")).disk_estimate(2)
+    assert trained["disk"] == vars(ref)
+
+
+def test_two_ranks_report_the_one_rank_train_inference_mismatch(trained):
+    s, ref = trained["step"], trained["ref_stats"]
+    # tokens of the samples of this version (all but sample 3), loss mask applied
+    current = [x for i, x in enumerate(trained["samples"]) if i not in OTHER_VERSION]
+    assert s["mismatch/tokens"] == ref["mismatch/tokens"] == sum(sum(x.loss_mask) for x in current)
+    assert s["mismatch/logprob_abs_diff"] == pytest.approx(ref["mismatch/logprob_abs_diff"], rel=1e-5)
+    assert s["mismatch/k3_kl"] == pytest.approx(ref["mismatch/k3_kl"], rel=1e-4)
+    # by hand: samples 0 and 1 are 0.05 nats off on their 9 + 4 tokens, the rest on-policy
+    n = s["mismatch/tokens"]
+    assert s["mismatch/logprob_abs_diff"] == pytest.approx(0.05 * 13 / n, abs=1e-5)
+    assert s["mismatch/k3_kl"] == pytest.approx((math.exp(-0.05) + 0.05 - 1) * 13 / n, rel=1e-2)
 
 
 def test_ranks_get_balanced_tokens_and_half_the_optimizer_state_each(trained):
@@ -162,6 +198,24 @@ def test_synced_weights_are_byte_equal_to_the_full_state_dict(trained):
     for k in w1:
         assert torch.equal(w1[k], full.get(k, full["model.embed_tokens.weight"])), k
     assert torch.equal(w1["lm_head.weight"], w1["model.embed_tokens.weight"])
+
+
+def test_streamed_weights_of_the_nccl_sync_hold_every_tensor_and_the_tied_head(trained):
+    # weights_for_sync: what the NCCL broadcast sends, gathered bucket by bucket as taken.
+    # The embedding (128 KiB) fills a 0.1 MiB bucket alone, so the tied head, last in the
+    # state dict, is gathered again in another bucket.
+    work = trained["work"]
+    streamed = torch.load(work / "streamed.pt")
+    w1 = _folder_weights(work / "w1")
+    names = [n for n, _, _ in streamed["meta"]]
+    assert names == list(streamed["tensors"]) and set(names) == set(trained["initial"])
+    assert "lm_head.weight" in names
+    for n, shape, dtype in streamed["meta"]:  # what the engines allocate receive buffers from
+        t = streamed["tensors"][n]
+        assert list(t.shape) == shape and str(t.dtype) == dtype, n
+        assert torch.equal(t, w1[n]), n
+    assert torch.equal(streamed["tensors"]["lm_head.weight"],
+                       streamed["tensors"]["model.embed_tokens.weight"])
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 
 import pytest
 from omegaconf import OmegaConf
@@ -77,14 +76,24 @@ def sampler(seed=0):
     }, seed=seed, run_id="test")
 
 
-def make_worker(delay_s=0.0, fail=lambda unit: False, seed=0):
-    rng = random.Random(seed)
+def make_worker(fail=lambda unit: False, hold=None):
+    """A rollout worker whose reward is the unit's own: 1 for odd ``group_index``, 0 for
+    even, so every group of two or more units (also one that lost its first unit) has
+    unequal rewards and no advantage is 0, whatever order the units finish in.
+
+    Args:
+        fail: units for which the model call fails.
+        hold: ``unit -> awaitable or None``; the unit finishes only once it is done (an
+            event the test sets), so which units are overtaken never depends on timing.
+    """
 
     async def run(unit):
-        await asyncio.sleep(delay_s)
+        waiter = hold(unit) if hold is not None else None
+        if waiter is not None:
+            await waiter
         if fail(unit):
             return UnitResult(unit, False, error="model call failed", num_requests=1)
-        return UnitResult(unit, True, reward=float(rng.random() < 0.5), prompt_ids=[1, 2, 3],
+        return UnitResult(unit, True, reward=float(unit.group_index % 2), prompt_ids=[1, 2, 3],
                           completion_ids=[4, 5], logprobs=[-0.1, -0.2], num_requests=1)
 
     return run
@@ -151,13 +160,35 @@ def test_consumed_mixture_follows_the_target(tmp_path):
 
 
 def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
-    # Slow agent groups are overtaken by groups released after them; by the time they
-    # finish the trainer has moved more than max_staleness versions on.
-    slow, fast = make_worker(delay_s=1.0), make_worker()  # 1 s: room for 2 versions under load
-    t = trainer(tmp_path, tcfg(max_staleness=1, iterations=6, groups_per_step=1),
-                workers={"agent": slow, "rlvr": fast, "rlhf": fast})
+    # The first agent group is held until the trainer has published version
+    # max_staleness + 1 = 2 (its metrics line, the log callback), then finishes: released
+    # at version 0, it is too old (2 > 0 + 1) and dropped. The trainer never needs it to
+    # get there: with groups_per_step 1 and max_staleness 1 the release budget is 2 groups
+    # (rl.trainer._release), the held one takes one, the other slot keeps the steps going.
+    published = asyncio.Event()
+    held: set[str] = set()
+
+    def hold(unit):
+        if unit.workload_class == "agent" and (not held or unit.group_id in held):
+            held.add(unit.group_id)
+            return published.wait()
+        return None
+
+    def on_iteration(m):
+        if m["policy_version"] >= 2:
+            published.set()
+
+    learner, w = FakeLearner(), make_worker(hold=hold)
+    t = Trainer(tcfg(max_staleness=1, iterations=6, groups_per_step=1), sampler(),
+                MixtureLedger(RHO), learner, {"agent": w, "rlvr": w, "rlhf": w}, [], None, None,
+                tmp_path, log=on_iteration)
     history = asyncio.run(t.run())
-    assert sum(h["dropped_stale"] for h in history) > 0
+    assert len(held) == 1 and published.is_set()
+    assert sum(h["dropped_stale"] for h in history) == 2  # the held group's 2 units, no other
+    # every other unit was trained on (all groups informative, no advantage 0)
+    s = t.ledger.snapshot()
+    assert sum(len(b) for b in learner.trained) == sum(s["completed"].values())
+    assert s["dropped"] == {**{b: 0 for b in s["dropped"]}, "agent": 2}
     assert all(h["staleness_mean"] <= 1.0 for h in history)
     assert books_balance(t.ledger)
 
