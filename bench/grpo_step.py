@@ -30,7 +30,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rl.config import compose  # noqa: E402
+from common.config import compose  # noqa: E402
 from rl.grpo import TrainSample  # noqa: E402
 from rl.learner import Learner, LearnerConfig  # noqa: E402
 from rollout.model import resolve_model_path  # noqa: E402

@@ -156,7 +156,7 @@ class RankGroup:
                 if info.world_size > 1:
                     raise RankError("MASTER_PORT is not set: start the learner ranks with torchrun "
                                     "(torchrun --nproc-per-node N -m rl.train ...)")
-                from rollout.process import free_port
+                from common.process import free_port
                 os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
             os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size),
                               LOCAL_RANK=str(info.local_rank))

@@ -38,7 +38,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
-from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, dataclass_from_options, aggregate_loss,
+from common.options import build_options
+from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, aggregate_loss,
                      collate, logprob_mismatch, loss_config, masked_mean, policy_loss_per_token,
                      token_log_probs)
 
@@ -130,8 +131,8 @@ def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:
         opts["betas"] = tuple(opts["betas"])
     if opts.get("gpus") is not None and not isinstance(opts["gpus"], (str, bytes)):
         opts["gpus"] = list(opts["gpus"])
-    return dataclass_from_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
-                           "trainer.learner", LearnerError)
+    return build_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
+                         "trainer.learner", error=LearnerError)
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ def _init_single_process_group(backend: str, device: torch.device) -> None:
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
-        from rollout.process import free_port
+        from common.process import free_port
         os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
     import deepspeed
 

@@ -58,7 +58,7 @@ from rl.grpo import AsyncLimits, group_advantages
 from rl.mixture import MixtureLedger, tv_distance
 from rl.sampler import MixtureSampler, RolloutUnit, largest_deficit
 from router.signals import parse_engine_metrics
-from rollout.workers import UnitResult
+from rl.workers import UnitResult
 
 CHECKPOINT_DIR = "checkpoint"
 

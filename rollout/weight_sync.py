@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import httpx
 
+from common.options import build_options
+
 log = logging.getLogger(__name__)
 
 
@@ -472,7 +474,5 @@ def weight_sync_config(opts: Mapping[str, Any], router_url: str | None = None) -
     Raises:
         WeightSyncError: unknown or invalid option.
     """
-    from rl.grpo import dataclass_from_options
-
-    return dataclass_from_options(WeightSyncConfig, {**dict(opts), "router_url": router_url},
-                                  "trainer.weight_sync", WeightSyncError)
+    return build_options(WeightSyncConfig, {**dict(opts), "router_url": router_url},
+                         "trainer.weight_sync", error=WeightSyncError)

@@ -12,7 +12,6 @@ from router.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from router.policies.misa import MisaConfig, MisaPolicy
 from router.policies.misa_t import MisaTConfig, MisaTPolicy
 from router.policies.registry import (
-    build_config,
     canonical_policy_name,
     make_policy,
     policy_config_class,
@@ -41,7 +40,6 @@ __all__ = [
     "POLICY_NAMES",
     "RouterConfigError",
     "UnknownOptionError",
-    "build_config",
     "canonical_policy_name",
     "make_policy",
     "policy_config_class",

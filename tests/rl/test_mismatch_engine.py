@@ -26,7 +26,8 @@ def _engine_samples(url: str, learner, advantages=(1.0, -1.0)):
     """One completion per prompt from the engine (temperature 1), as TrainSamples with
     the engine's log-probs, stamped with the learner's current version."""
     from rl.grpo import TrainSample
-    from rollout.client import ModelClient, SessionHeaders
+    from rollout.client import ModelClient
+    from router.headers import SessionHeaders
 
     tok = learner.tokenizer
     end = tok.convert_tokens_to_ids(tok.eos_token)

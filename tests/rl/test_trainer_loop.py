@@ -19,7 +19,7 @@ from rl.data.agent_tasks import AgentTaskSource
 from rl.mixture import MixtureLedger
 from rl.sampler import MixtureSampler, WorkloadClassSpec
 from rl.trainer import Trainer
-from rollout.workers import UnitResult
+from rl.workers import UnitResult
 
 RHO = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
 
@@ -294,7 +294,7 @@ def test_drops_beyond_the_first_few_per_reason_go_into_one_summary_line(caplog):
 
 def test_loop_goes_on_when_the_agent_server_never_answers(tmp_path):
     from agents.client import AgentServerClient
-    from rollout.workers import AgentWorker
+    from rl.workers import AgentWorker
     from tests.rollout.test_workers import hanging_agent_server
 
     async def go():

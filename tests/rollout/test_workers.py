@@ -15,8 +15,9 @@ from agents.client import AgentClientError, AgentServerClient
 from rl.data import ArithmeticSource
 from rl.data.agent_tasks import AgentTaskSource
 from rl.sampler import MixtureSampler, WorkloadClassSpec
-from rollout.client import ClientError, ModelCallError, ModelClient, RolloutClient, SessionHeaders
-from rollout.workers import AgentWorker, SingleTurnWorker
+from rollout.client import ClientError, ModelCallError, ModelClient, RolloutClient
+from router.headers import SessionHeaders
+from rl.workers import AgentWorker, SingleTurnWorker
 
 END = 99
 

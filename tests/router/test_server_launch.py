@@ -10,7 +10,7 @@ import httpx
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import RECIPES_DIR
+from common.config import RECIPES_DIR
 from router.launch import REPO_ROOT, router_argv, start_router
 from tests.conftest import GSM8K_TINY_OVERRIDE
 from tests.router.fake_engine import running_engines

@@ -155,13 +155,13 @@ class AgentWorker:
                               drop_reason="agent_timeout" if timed_out else "agent_server_error",
                               finished_at_s=time.monotonic())
         failed = ep["status"] in ("model_error", "sandbox_error")
-        ok = not failed and bool(ep["response_token_ids"])
+        ok = not failed and bool(ep["completion_ids"])
         reason = "" if ok else f"agent_{ep['status']}" if failed else "agent_empty_trajectory"
         return UnitResult(
             unit, ok, reward=float(ep["reward"]) if ok else 0.0,
-            prompt_ids=ep["prompt_token_ids"], completion_ids=ep["response_token_ids"],
-            logprobs=[lp if lp is not None else 0.0 for lp in ep["response_logprobs"]],
-            loss_mask=ep["response_mask"], text=ep.get("patch", "")[:2000],
+            prompt_ids=ep["prompt_ids"], completion_ids=ep["completion_ids"],
+            logprobs=[lp if lp is not None else 0.0 for lp in ep["logprobs"]],
+            loss_mask=ep["loss_mask"], text=ep.get("patch", "")[:2000],
             num_requests=len(ep["turns"]), model_s=ep["model_s"], tool_s=ep["tool_s"],
             finished_at_s=time.monotonic(), error=ep.get("error", ""), drop_reason=reason,
             info={"status": ep["status"], "instance_id": ep["instance_id"]})
