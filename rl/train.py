@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from rl.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
 from rl.report import plot_run, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -50,7 +50,7 @@ def reward_server(cfg: DictConfig, run_dir: Path, model_path: str):
     """Start ``python -m rl.reward_server`` with the recipe's rlhf scorer; yield its URL."""
     import httpx
 
-    from rollout.process import ManagedProcess, free_port
+    from common.process import ManagedProcess, free_port
 
     port = free_port()
     rcfg = cfg.trainer.rewards
@@ -93,13 +93,15 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from rl.sampler import sampler_from_config
     from rl.trainer import Trainer
     from rollout.weight_sync import make_weight_sync, weight_sync_config
-    from rollout.workers import AgentWorker, SingleTurnWorker
+    from rl.workers import AgentWorker, SingleTurnWorker
 
     tcfg = cfg.trainer
     ours = cfg.router.get("impl", "ours") != "vllm"
     name = stack.served_model_name
     tokenizer = AutoTokenizer.from_pretrained(stack.model_path)
 
+    # The data path, in order. Sampler (rl/sampler.py): prompts from the domains, released
+    # as rollout units at the target mixture rho; the mixture ledger (rl/mixture.py) counts them.
     agent_client = (AgentServerClient(agent_url, timeout_s=float(tcfg.agent_timeout_s))
                     if agent_url else None)
     extra = {}
@@ -107,7 +109,20 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         extra["agent"] = {"swe": (AgentTaskSource(await agent_client.tasks()), 1.0)}
     sampler = sampler_from_config(tcfg, int(cfg.seed), run_id=run_dir.name, extra_sources=extra)
     ledger = MixtureLedger(tcfg.rho)
+    # Client (rollout/client.py): model calls through the router, with the session headers.
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+    client = ModelClient(http, stack.router_url, name,
+                         sampling=OmegaConf.to_container(tcfg.sampling, resolve=True),
+                         timeout_s=float(tcfg.request_timeout_s))
+    # Workers (rl/workers.py) with the rewards (rl/reward_pool.py): a unit -> one completion
+    # and its reward (rlvr, rlhf), or an episode on the agent server (agents/server.py).
     rewards = RewardPool(reward_cfg, stack.model_path)
+    single = SingleTurnWorker(client, tokenizer, rewards, tcfg.max_tokens, int(cfg.model.max_model_len))
+    workers = {"rlvr": single.run, "rlhf": single.run}
+    if agent_client is not None:
+        workers["agent"] = AgentWorker(agent_client, stack.router_url, name,
+                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True)).run
+    # Learner (rl/learner.py, rl/grpo.py): the GRPO update on the finished samples.
     console.print("loading the learner ...")
     learner = await asyncio.to_thread(make_learner, stack.model_path, learner_config(tcfg), group)
     keep_last = int(tcfg.checkpoint_keep_last)
@@ -118,6 +133,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
                   f"{keep_last}, plus the one being written)"
                   + (f", {disk.weight_sync_bytes / gb:.1f} GB in {tcfg.weight_sync.shm_dir} for the "
                      "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
+    # Weight sync (rollout/weight_sync.py): the new weights into the running engines, their
+    # prefix caches reset, the router told.
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
     sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
                             device=str(learner.device))
@@ -125,16 +142,6 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         console.print("joining the engines' NCCL weight-sync group ...")
         await asyncio.to_thread(sync.connect)
         sync = BroadcastFromLearner(sync, learner)
-
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-    client = ModelClient(http, stack.router_url, name,
-                         sampling=OmegaConf.to_container(tcfg.sampling, resolve=True),
-                         timeout_s=float(tcfg.request_timeout_s))
-    single = SingleTurnWorker(client, tokenizer, rewards, tcfg.max_tokens, int(cfg.model.max_model_len))
-    workers = {"rlvr": single.run, "rlhf": single.run}
-    if agent_client is not None:
-        workers["agent"] = AgentWorker(agent_client, stack.router_url, name,
-                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True)).run
 
     run = wandb.init(project=str(cfg.logging.wandb_project), name=run_dir.name, dir=str(run_dir),
                      mode=os.environ.get("WANDB_MODE", str(cfg.logging.wandb_mode)),
