@@ -48,7 +48,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-import aiohttp
 import msgspec
 from aiohttp import web
 
