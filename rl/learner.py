@@ -9,7 +9,7 @@ Three backends behind one API (``LearnerConfig.backend``):
   same code uses NCCL (one rank on ``device`` when no launcher set up the ranks).
 - ``fsdp``: the sharded learner on many ranks (``rl/sharded_learner.py``, torch FSDP2;
   ranks from torchrun, rank 0 the orchestrator). A launcher's WORLD_SIZE > 1 selects it
-  (``make_learner``).
+  (``rl.learner_launch.make_learner``).
 
 Which GPUs the learner may use is decided by ``python -m rl.train`` before the learner is
 built (``LearnerConfig.gpus``, ``rollout.engines.gpu_placement``): it narrows the trainer
@@ -161,30 +161,6 @@ def disk_estimate(num_params: int, tied_head_params: int, param_bytes: int,
     weights = (num_params + tied_head_params) * param_bytes
     ckpt = weights + 2 * num_params * param_bytes  # + AdamW exp_avg and exp_avg_sq
     return DiskEstimate(ckpt, (keep_last + 1) * ckpt, 2 * weights)
-
-
-def make_learner(model_path: str | Path, cfg: LearnerConfig, group=None):
-    """The learner for this job: ``ShardedLearner`` over ``group``'s ranks when
-    ``cfg.backend`` is ``fsdp`` or the launcher started more than one rank, else ``Learner``.
-
-    Args:
-        group: ``rl.distributed.RankGroup`` (rank 0's), required for the sharded learner.
-
-    Raises:
-        LearnerError: several ranks with ``backend=deepspeed`` (ZeRO 1/2 here is one rank).
-    """
-    world = group.world_size if group is not None else 1
-    if cfg.backend == "deepspeed" and world > 1:
-        raise LearnerError(f"{world} learner ranks with trainer.learner.backend=deepspeed: the "
-                           "sharded learner is FSDP2; set trainer.learner.backend=fsdp")
-    if cfg.backend == "fsdp" or world > 1:
-        if group is None:
-            raise LearnerError("trainer.learner.backend=fsdp needs the learner's ranks "
-                               "(rl.distributed.RankGroup)")
-        from rl.sharded_learner import make_sharded_learner
-
-        return make_sharded_learner(group, model_path, cfg)
-    return Learner(model_path, cfg)
 
 
 def fresh_sibling(folder: Path) -> Path:

@@ -87,7 +87,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from agents.client import AgentServerClient
     from rollout.client import ModelClient
     from rl.data.agent_tasks import AgentTaskSource
-    from rl.learner import learner_config, make_learner
+    from rl.learner import learner_config
+    from rl.learner_launch import make_learner
     from rl.mixture import MixtureLedger
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
@@ -377,7 +378,8 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
             raise ConfigError(f"{where}: a value has the wrong type ({e}); numbers must be "
                               f"numbers: check the values under {where}") from None
         except (ValueError, RuntimeError) as e:  # the parts' own error types
-            raise ConfigError(f"{where}: {e}") from None
+            message = str(e)  # build_options already names the section
+            raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
     for key in ("iterations", "groups_per_step", "sync_every", "checkpoint_keep_last"):
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -401,7 +403,8 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
 
 @hydra_entry("train")
 def main(cfg: DictConfig) -> None:
-    from rl.distributed import RankGroup, rank_from_env, worker_main
+    from rl.distributed import RankGroup, rank_from_env
+    from rl.learner_launch import worker_main
 
     stop_on_sigterm()
     _register_errors()
