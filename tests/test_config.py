@@ -95,7 +95,7 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
 @pytest.mark.parametrize("override,expect", [
     ("trainer.learner.backend=jax", "trainer.learner"),
     ("trainer.rho.agent=-5", "trainer.rho"),
-    ("trainer.loss.eps_low=abc", "wrong type"),
+    ("trainer.loss.eps_low=abc", "trainer.loss: option 'eps_low' must be a number, got 'abc'"),
     ("trainer.iterations=0", "trainer.iterations=0"),
     ("trainer.agent_timeout_s=0", "trainer.agent_timeout_s=0: give a number of seconds > 0"),
     ("trainer.learner.world_size=2", "trainer.learner.world_size=2, but the launcher started 1"),
