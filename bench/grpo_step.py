@@ -70,7 +70,7 @@ def time_syncs(learner: Learner, engine_url: str, repeats: int) -> list:
 
     sync = HttpReloadSync([engine_url], WeightSyncConfig(shm_dir="/dev/shm/misa-rl-bench-sync"))
     try:
-        return [sync.sync(learner.save_weights, policy_version=i + 1)
+        return [sync.sync(learner, policy_version=i + 1)
                 for i in tqdm(range(repeats), desc="weight syncs", leave=False)]
     finally:
         sync.close()
