@@ -92,7 +92,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from rl.mixture import MixtureLedger
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
-    from rl.trainer import Trainer
+    from rl.trainer import Trainer, trainer_config
     from rollout.weight_sync import make_weight_sync, weight_sync_config
     from rl.workers import AgentWorker, SingleTurnWorker
 
@@ -142,7 +142,6 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     if wcfg.method == "nccl":
         console.print("joining the engines' NCCL weight-sync group ...")
         await asyncio.to_thread(sync.connect)
-        sync = BroadcastFromLearner(sync, learner)
 
     run = wandb.init(project=str(cfg.logging.wandb_project), name=run_dir.name, dir=str(run_dir),
                      mode=os.environ.get("WANDB_MODE", str(cfg.logging.wandb_mode)),
@@ -186,15 +185,17 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         return {f"eval/{bench}/{metric}": v["mean"] for bench, r in res.items()
                 for metric, v in r["metrics"].items()}
 
-    trainer = Trainer(tcfg, sampler, ledger, learner, workers, stack.engines.urls,
-                      stack.router_url if ours else None, sync, run_dir, log=log, evaluate=evaluate)
+    trainer = Trainer(trainer_config(tcfg), sampler=sampler, ledger=ledger, learner=learner,
+                      workers=workers, engine_urls=stack.engines.urls,
+                      router_url=stack.router_url if ours else None, weight_sync=sync,
+                      run_dir=run_dir, log=log, evaluate=evaluate)
     resumed = trainer.resume()
     if resumed:
         console.print(f"resumed from {run_dir / 'checkpoint'} at iteration {learner.version}")
         progress.update(bar, completed=learner.version)
     try:
         if resumed:  # the engines started with the initial weights: serve the resumed ones
-            await asyncio.to_thread(sync.sync, learner.save_weights, learner.version)
+            await asyncio.to_thread(sync.sync, learner, learner.version)
         with progress:
             await trainer.evaluate_baseline()
             history = await trainer.run()
@@ -207,20 +208,6 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         if agent_client is not None:
             await agent_client.aclose()
     return history
-
-
-class BroadcastFromLearner:
-    """``NcclWeightSync`` behind the trainer's ``sync(write_weights, version)`` call: the
-    learner's tensors are broadcast from its GPU and nothing is written to disk."""
-
-    def __init__(self, nccl, learner):
-        self.nccl, self.learner = nccl, learner
-
-    def sync(self, _write_weights, policy_version: int):
-        return self.nccl.sync(self.learner.weights_for_sync(to_cpu=False), policy_version)
-
-    def close(self) -> None:
-        self.nccl.close()
 
 
 def job_gpu_placement(cfg: DictConfig):
@@ -360,16 +347,17 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         ConfigError: the message names the ``trainer.`` section and what is wrong.
     """
     from rl.data import DataError, make_source
-    from rl.grpo import async_limits, loss_config
+    from rl.grpo import loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
+    from rl.trainer import trainer_config
     from rollout.weight_sync import weight_sync_config
 
     plain = OmegaConf.to_container(tcfg, resolve=True)
     checks = (("trainer.rho", lambda: normalize_mixture(plain["rho"])),
               ("trainer.loss", lambda: loss_config(plain["loss"])),
               ("trainer.learner", lambda: learner_config(plain)),
-              ("trainer", lambda: async_limits(plain)),
+              ("trainer", lambda: trainer_config(plain)),  # the loop's settings and limits
               ("trainer.weight_sync", lambda: weight_sync_config(plain["weight_sync"])))
     for where, build in checks:
         try:
@@ -380,15 +368,6 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         except (ValueError, RuntimeError) as e:  # the parts' own error types
             message = str(e)  # build_options already names the section
             raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
-    for key in ("iterations", "groups_per_step", "sync_every", "checkpoint_keep_last"):
-        v = plain.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
-    ds = plain.get("dynamic_sampling") or {}
-    factor = ds.get("max_release_factor", 1)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
-        raise ConfigError(f"trainer.dynamic_sampling.max_release_factor={factor!r}: give a "
-                          "number >= 1 (groups one step may examine, in groups_per_step)")
     for key in ("request_timeout_s", "agent_timeout_s"):
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
