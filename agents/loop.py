@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Mapping
 
 from agents.chat import ChatRenderer, Trajectory
 from agents.envs.task import Task, evaluate
@@ -148,6 +148,25 @@ class EpisodeResult:
         d = asdict(self)
         d["model_time_fraction"] = self.model_time_fraction
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EpisodeResult":
+        """The result again from ``to_dict``'s body (keys that are not fields, such as the
+        derived ``model_time_fraction``, are ignored).
+
+        Raises:
+            ValueError: a field is missing, or the turns are malformed; the message says which.
+        """
+        names = {f.name for f in fields(cls)}
+        missing = sorted(f.name for f in fields(cls) if f.default is MISSING
+                         and f.default_factory is MISSING and f.name not in d)
+        if missing:
+            raise ValueError(f"episode result without {', '.join(missing)}")
+        try:
+            turns = [TurnRecord(**t) for t in d["turns"]]
+        except TypeError as e:
+            raise ValueError(f"episode result: malformed turns ({e})") from None
+        return cls(**{k: v for k, v in d.items() if k in names and k != "turns"}, turns=turns)
 
 
 def tools_prompt(system_prompt: str) -> str:
