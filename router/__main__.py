@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from common.config import hydra_entry
 from router.policies.base import RouterConfigError
+from router.service_config import SERVICE_OPTIONS  # noqa: F401 - registers the renamed keys before compose
 
 CONFIG_NAME = "router_service"
 

@@ -291,7 +291,7 @@ class RouterService:
         self._tasks = [asyncio.create_task(self.scraper.run(), name="scrape")]
         if self.kv_events.endpoints:
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
-        if self.config.session_idle_timeout_s > 0:
+        if self.config.session_forget_idle_s > 0:
             self._tasks.append(asyncio.create_task(self._sweep_idle_sessions(), name="idle-sessions"))
 
     async def _on_cleanup(self) -> None:
@@ -398,7 +398,7 @@ class RouterService:
             heapq.heapify(self._held_waiters)
 
     async def _sweep_idle_sessions(self) -> None:
-        timeout_s = self.config.session_idle_timeout_s
+        timeout_s = self.config.session_forget_idle_s
         while True:
             await asyncio.sleep(min(timeout_s / 4, 5.0))
             now = self.clock()

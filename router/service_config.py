@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from common.config import register_renamed_key
 from router.policies.base import RouterConfigError
 
 
@@ -22,8 +23,11 @@ class ServiceConfig:
         scrape_interval_s / scrape_timeout_s: metric scrape period and timeout.
         kv_topic: ZMQ topic of the engines' KV event publishers.
         long_hold_s: holds longer than this are counted as long holds.
-        session_idle_timeout_s: a session with nothing in flight for this long is
-            closed (``SessionEnded(reason="idle_timeout")``); 0 disables.
+        session_forget_idle_s: the live router's own session table: a session with
+            nothing in flight for this long is forgotten and ``SessionEnded(reason=
+            "idle_timeout")`` sent to the policy, whatever the policy (0 = never). Not the
+            admission policy's ``idle_timeout_s`` (session_admission, 120 s), after which
+            an idle session gives its cap back in the policy's own ledger.
         no_engine_timeout_s: a request waiting while no engine is healthy gets a 503
             after this long (holds for capacity are not bounded; holds for dead engines are).
         tokenizer_threads: threads that tokenize prompts off the event loop.
@@ -41,7 +45,7 @@ class ServiceConfig:
     scrape_timeout_s: float = 2.0
     kv_topic: str = "kv-events"
     long_hold_s: float = 30.0
-    session_idle_timeout_s: float = 600.0
+    session_forget_idle_s: float = 600.0
     no_engine_timeout_s: float = 30.0
     tokenizer_threads: int = 1
     wake_per_finish: int = 4
@@ -58,8 +62,8 @@ class ServiceConfig:
                      "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
             if getattr(self, name) <= 0:
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(name, name)} must be > 0, got {getattr(self, name)!r}")
-        if self.max_retries < 0 or self.session_idle_timeout_s < 0:
-            name = "max_retries" if self.max_retries < 0 else "session_idle_timeout_s"
+        if self.max_retries < 0 or self.session_forget_idle_s < 0:
+            name = "max_retries" if self.max_retries < 0 else "session_forget_idle_s"
             raise RouterConfigError(f"{SERVICE_OPTIONS[name]} must be >= 0, got {getattr(self, name)!r}")
 
 
@@ -76,6 +80,9 @@ SERVICE_OPTIONS = {
     "scrape_interval_s": "signals.scrape_interval_s",
     "scrape_timeout_s": "signals.scrape_timeout_s",
     "kv_topic": "signals.kv_topic",
-    "session_idle_timeout_s": "sessions.idle_timeout_s",
+    "session_forget_idle_s": "sessions.forget_idle_s",
     "no_engine_timeout_s": "engines.no_engine_timeout_s",
 }
+
+# The key's old name, easy to take for the policy's idle_timeout_s: refused, naming the new one.
+register_renamed_key("sessions.idle_timeout_s", "sessions.forget_idle_s")

@@ -161,7 +161,8 @@ class SessionAdmissionConfig:
     """K_w grows by one session per healthy window: slow enough not to re-trigger churn."""
     idle_timeout_s: float = 120.0
     """A session with no request in flight for this long ends: longer than agent tool gaps
-    (tens of seconds), short enough to free caps of abandoned sessions."""
+    (tens of seconds), short enough to free caps of abandoned sessions. (The live router's
+    ``sessions.forget_idle_s``, 600 s, is its own session table's, for every policy.)"""
     recheck_max_s: float = 1.0
     """Recheck delay of a held request with no visible siblings (metric-scrape scale)."""
     recheck_min_s: float = 0.05
