@@ -120,7 +120,7 @@ class Trajectory:
 
     Attributes:
         token_ids: the whole sequence sent to and produced by the model.
-        model_mask: 1 where the model produced the token, 0 for prompt, template and
+        loss_mask: 1 where the model produced the token, 0 for prompt, template and
             tool-observation tokens; same length as ``token_ids``.
         logprobs: the engine's log-probability of each model token (None elsewhere or
             when the engine gave none).
@@ -128,14 +128,14 @@ class Trajectory:
     """
 
     token_ids: list[int] = field(default_factory=list)
-    model_mask: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     prompt_len: int = 0
 
     def add_context(self, ids: list[int]) -> None:
         """Append tokens the model did not produce."""
         self.token_ids += ids
-        self.model_mask += [0] * len(ids)
+        self.loss_mask += [0] * len(ids)
         self.logprobs += [None] * len(ids)
 
     def add_model(self, ids: list[int], logprobs: list[float | None]) -> None:
@@ -143,7 +143,7 @@ class Trajectory:
         if len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} model tokens but {len(logprobs)} log-probs")
         self.token_ids += ids
-        self.model_mask += [1] * len(ids)
+        self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
 
     def __len__(self) -> int:

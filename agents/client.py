@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import httpx
 
-from rollout.process import ManagedProcess, free_port
+from common.process import ManagedProcess, free_port
 
 
 class AgentClientError(RuntimeError):
@@ -107,7 +107,7 @@ def launch_agent_server(run_dir: str | Path, overrides: Sequence[str] = (),
         (the process, its base URL).
 
     Raises:
-        rollout.process.ProcessStartError: it exited or was not healthy in time.
+        common.process.ProcessStartError: it exited or was not healthy in time.
     """
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"

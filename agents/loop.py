@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Mapping
 
 from agents.chat import ChatRenderer, Trajectory
 from agents.envs.task import Task, evaluate
-from rollout.client import ModelCallError, ModelClient, SessionHeaders
+from rollout.client import ModelCallError, ModelClient
+from router.headers import SessionHeaders
 from agents.toolcall import ToolCallFormat, parse_tool_calls
 from agents.tools import TOOL_SPECS, Observation, Toolbox
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace
@@ -103,10 +104,10 @@ class EpisodeResult:
             ``model_error`` or ``sandbox_error``.
         reward: 1.0 when the task's tests pass after the episode (MISA-T's agent reward,
             SWE-bench rule), else 0.0.
-        prompt_token_ids: the first prompt (system + task).
-        response_token_ids: everything after it (model turns and observations).
-        response_mask: 1 for model tokens (trained on), 0 for observation/template tokens.
-        response_logprobs: engine log-prob per response token; None off the mask.
+        prompt_ids: the first prompt (system + task).
+        completion_ids: everything after it (model turns and observations).
+        loss_mask: 1 for model tokens (trained on), 0 for observation/template tokens.
+        logprobs: engine log-prob per response token; None off the mask.
         turns: per-turn records.
         model_s, tool_s: sums over turns; residency split of MISA-T Table 3.
         eval_s: seconds of the reward test run (after the session closed).
@@ -119,10 +120,10 @@ class EpisodeResult:
     instance_id: str
     status: str
     reward: float
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_mask: list[int]
-    response_logprobs: list[float | None]
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float | None]
     turns: list[TurnRecord]
     model_s: float
     tool_s: float
@@ -147,6 +148,25 @@ class EpisodeResult:
         d = asdict(self)
         d["model_time_fraction"] = self.model_time_fraction
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EpisodeResult":
+        """The result again from ``to_dict``'s body (keys that are not fields, such as the
+        derived ``model_time_fraction``, are ignored).
+
+        Raises:
+            ValueError: a field is missing, or the turns are malformed; the message says which.
+        """
+        names = {f.name for f in fields(cls)}
+        missing = sorted(f.name for f in fields(cls) if f.default is MISSING
+                         and f.default_factory is MISSING and f.name not in d)
+        if missing:
+            raise ValueError(f"episode result without {', '.join(missing)}")
+        try:
+            turns = [TurnRecord(**t) for t in d["turns"]]
+        except TypeError as e:
+            raise ValueError(f"episode result: malformed turns ({e})") from None
+        return cls(**{k: v for k, v in d.items() if k in names and k != "turns"}, turns=turns)
 
 
 def tools_prompt(system_prompt: str) -> str:
@@ -256,9 +276,9 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
     p = traj.prompt_len
     return EpisodeResult(
         session_id=session.session_id, instance_id=task.instance_id, status=status,
-        reward=reward, prompt_token_ids=traj.token_ids[:p],
-        response_token_ids=traj.token_ids[p:], response_mask=traj.model_mask[p:],
-        response_logprobs=traj.logprobs[p:], turns=turns,
+        reward=reward, prompt_ids=traj.token_ids[:p],
+        completion_ids=traj.token_ids[p:], loss_mask=traj.loss_mask[p:],
+        logprobs=traj.logprobs[p:], turns=turns,
         model_s=sum(t.model_s for t in turns), tool_s=sum(t.tool_s for t in turns),
         eval_s=eval_s, wall_s=time.monotonic() - started, group_id=session.group_id,
         unit_id=session.unit_id, policy_version=policy_version, test_outcomes=outcomes,

@@ -36,12 +36,12 @@ from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, To
 from agents.envs.constant_fix import LEVELS as CONSTANT_FIX_LEVELS
 from agents.envs.task import Task, TaskError, load_tasks
 from agents.loop import DEFAULT_SYSTEM_PROMPT, EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode
-from rollout.client import ModelClient, SessionHeaders
+from rollout.client import ModelClient
+from router.headers import SessionHeaders
 from agents.toolcall import ToolCallFormat
-from rl.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
-from router.policies.base import RouterConfigError, UnknownOptionError
-from router.policies.registry import build_config
-from router.urls import url_problem
+from common.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from common.options import build_options
+from common.urls import url_problem
 from sandbox import IsolationConfig, Limits, SandboxError
 
 log = logging.getLogger("agents.server")
@@ -91,12 +91,7 @@ def _options(cls, node, where: str):
         AgentServerError: a value of the wrong type, or one ``cls`` refuses.
     """
     data = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-    try:
-        return build_config(cls, data, where)
-    except UnknownOptionError as e:
-        raise UnknownAgentServerOption(str(e)) from None
-    except RouterConfigError as e:
-        raise AgentServerError(str(e)) from None
+    return build_options(cls, data, where, error=AgentServerError, unknown_error=UnknownAgentServerOption)
 
 
 def episode_config(cfg: DictConfig) -> EpisodeConfig:
@@ -399,7 +394,7 @@ def serve(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Entry point of ``python -m agents.server``: a mistake on the command line is one line
-    (``rl.config.hydra_entry``): exit 2 for an unknown key or option, 1 for a bad value."""
+    (``common.config.hydra_entry``): exit 2 for an unknown key or option, 1 for a bad value."""
     import sys
 
     for error in (AgentServerError, TaskError, SandboxError):

@@ -31,7 +31,7 @@ from rich.table import Table
 from agents.client import AgentServerClient, launch_agent_server
 from agents.envs.task import load_tasks
 from agents.server import BUILTIN_TASK_SETS, task_set_path
-from rl.config import compose
+from common.config import compose
 from rollout.model import resolve_model_path
 
 SERVED = "smollm2-135m"

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from rl.config import compose
+from common.config import compose
 from rollout.engines import EnginePool
 from rollout.model import resolve_model_path
 

@@ -30,7 +30,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rl.config import compose  # noqa: E402
+from common.config import compose  # noqa: E402
 from rl.grpo import TrainSample  # noqa: E402
 from rl.learner import Learner, LearnerConfig  # noqa: E402
 from rollout.model import resolve_model_path  # noqa: E402
@@ -70,7 +70,7 @@ def time_syncs(learner: Learner, engine_url: str, repeats: int) -> list:
 
     sync = HttpReloadSync([engine_url], WeightSyncConfig(shm_dir="/dev/shm/misa-rl-bench-sync"))
     try:
-        return [sync.sync(learner.save_weights, policy_version=i + 1)
+        return [sync.sync(learner, policy_version=i + 1)
                 for i in tqdm(range(repeats), desc="weight syncs", leave=False)]
     finally:
         sync.close()

@@ -10,7 +10,7 @@ differs is the prompt mix (training draws GSM8K and arithmetic levels 1-5) and t
 sampling (training: temperature 1.0, top_p 1.0, 192 tokens; evaluation: 0.8, 0.95, 512).
 This draws the same prompts for every setting (arithmetic per level from the training
 split, GSM8K train), samples each ``--samples`` times through the engine's completions
-endpoint exactly as ``rollout.workers.SingleTurnWorker`` does (chat template, token ids,
+endpoint exactly as ``rl.workers.SingleTurnWorker`` does (chat template, token ids,
 end token), grades with the training reward, and prints per setting and domain: mean
 reward, the share of groups with mixed rewards (those carry GRPO signal), the share of
 completions cut at the token limit, and the share with a ``\\boxed{}``. A setting is
@@ -33,10 +33,11 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from rl.config import compose
+from common.config import compose
 from rl.data import ArithmeticSource, GSM8KSource
 from rl.rewards import MathVerifyReward
-from rollout.client import ModelClient, SessionHeaders
+from rollout.client import ModelClient
+from router.headers import SessionHeaders
 from rollout.model import resolve_model_path
 
 SERVED = "smollm2-135m"

@@ -36,8 +36,8 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from rl.config import RECIPES_DIR
-from rollout.process import ManagedProcess, free_port
+from common.config import RECIPES_DIR
+from common.process import ManagedProcess, free_port
 from router.launch import REPO_ROOT, start_router
 from router.policies import registered_policy_names
 

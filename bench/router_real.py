@@ -53,10 +53,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from rl.config import EXIT_USAGE, REPO_ROOT
+from common.config import EXIT_USAGE, REPO_ROOT
 from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
-from rollout.process import ProcessStartError
+from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
 from router.launch import start_router
 from router.policies import make_policy, registered_policy_names
@@ -281,7 +281,7 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
 
 def _refuse(message: str) -> SystemExit:
     """Print ``error: <message>`` and return the SystemExit of a refused command (exit 2,
-    as for every entry point's user mistake; see rl.config)."""
+    as for every entry point's user mistake; see common.config)."""
     print(f"error: {message}", file=sys.stderr)
     return SystemExit(EXIT_USAGE)
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from rl.config import REPO_ROOT, ConfigError, RunFailedError, group_options, hydra_entry
+from common.config import REPO_ROOT, ConfigError, RunFailedError, group_options, hydra_entry
 from rl.report import run_summary
 
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),

@@ -156,7 +156,7 @@ class RankGroup:
                 if info.world_size > 1:
                     raise RankError("MASTER_PORT is not set: start the learner ranks with torchrun "
                                     "(torchrun --nproc-per-node N -m rl.train ...)")
-                from rollout.process import free_port
+                from common.process import free_port
                 os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
             os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size),
                               LOCAL_RANK=str(info.local_rank))
@@ -361,25 +361,3 @@ def worker_loop(group: RankGroup, learner_factory) -> int:
 
         traceback.print_exc()
         return 1
-
-
-def worker_main(info: RankInfo, device: str, collective_timeout_s: float) -> int:
-    """A worker rank of ``python -m rl.train``: join the group, log to
-    ``<run_dir>/logs/learner-rank<r>.log`` (the run folder rank 0 publishes), then
-    ``worker_loop`` with the sharded learner. Returns the exit status."""
-    import torch
-
-    from rl.sharded_learner import ShardedLearner
-
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    group = RankGroup(info, "nccl" if on_gpu else "gloo", collective_timeout_s)
-    try:
-        log = Path(group.fetch("run_dir")) / "logs" / f"learner-rank{info.rank}.log"
-        redirect_output(log)
-        group.set_log(str(log))
-        return worker_loop(group, lambda g, path, cfg: ShardedLearner(g, path, cfg))
-    except RankError as e:
-        print(e, file=sys.stderr, flush=True)
-        return 1
-    finally:
-        group.close()

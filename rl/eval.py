@@ -41,7 +41,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from agents.chat import ByteTokenizer, ChatFormat, HFTokenizer, Tokenizer
 from agents.envs.task import TaskError
 from agents.server import HANDMADE_TASKS, AgentServerError, episode_config
-from rl.config import EXIT_FAILURE, RunFailedError, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, RunFailedError, hydra_entry, register_user_error
 from rl.data.gsm8k import looks_like_hub_id
 from rl.evaluation.base import Benchmark, EvalError
 from rl.evaluation.humaneval import HumanEvalBenchmark
@@ -52,7 +52,7 @@ from rl.evaluation.runner import EvalSettings, evaluate
 from rl.evaluation.swe import SweBenchmark
 from rl.evaluation.swebench_harness import (GRADERS, GraderChoice, HarnessSettings, choose_grader,
                                             harness_unavailable)
-from router.urls import url_problem
+from common.urls import url_problem
 from sandbox import Limits, SandboxError
 
 register_user_error(EvalError)  # a bad value, a missing file, a router that does not answer: exit 2

@@ -18,10 +18,12 @@ Pure torch, no model and no I/O, so each piece is checked on hand-worked numbers
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
 import torch
+
+from common.options import build_options
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_budget"]
 
@@ -422,7 +424,7 @@ def loss_config(tcfg: Mapping[str, Any]) -> GRPOLossConfig:
     Raises:
         GRPOError: unknown or invalid option.
     """
-    return dataclass_from_options(GRPOLossConfig, dict(tcfg), "trainer.loss", GRPOError)
+    return build_options(GRPOLossConfig, dict(tcfg), "trainer.loss", error=GRPOError)
 
 
 def async_limits(tcfg: Mapping[str, Any]) -> AsyncLimits:
@@ -430,11 +432,3 @@ def async_limits(tcfg: Mapping[str, Any]) -> AsyncLimits:
     return AsyncLimits(int(tcfg["max_in_flight"]), int(tcfg["max_staleness"]))
 
 
-def dataclass_from_options(cls, opts: Mapping[str, Any], where: str, error: type[Exception]):
-    """``cls(**opts)`` for a recipe section; unknown keys raise ``error`` naming them,
-    the section ``where`` and the valid keys."""
-    known = {f.name for f in fields(cls) if f.init}
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise error(f"{where}: unknown options {unknown}; valid: {sorted(known)}")
-    return cls(**opts)

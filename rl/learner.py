@@ -9,7 +9,7 @@ Three backends behind one API (``LearnerConfig.backend``):
   same code uses NCCL (one rank on ``device`` when no launcher set up the ranks).
 - ``fsdp``: the sharded learner on many ranks (``rl/sharded_learner.py``, torch FSDP2;
   ranks from torchrun, rank 0 the orchestrator). A launcher's WORLD_SIZE > 1 selects it
-  (``make_learner``).
+  (``rl.learner_launch.make_learner``).
 
 Which GPUs the learner may use is decided by ``python -m rl.train`` before the learner is
 built (``LearnerConfig.gpus``, ``rollout.engines.gpu_placement``): it narrows the trainer
@@ -38,7 +38,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
-from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, dataclass_from_options, aggregate_loss,
+from common.options import build_options
+from rl.grpo import (GRPOLossConfig, TrainBatch, TrainSample, aggregate_loss,
                      collate, logprob_mismatch, loss_config, masked_mean, policy_loss_per_token,
                      token_log_probs)
 
@@ -130,8 +131,8 @@ def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:
         opts["betas"] = tuple(opts["betas"])
     if opts.get("gpus") is not None and not isinstance(opts["gpus"], (str, bytes)):
         opts["gpus"] = list(opts["gpus"])
-    return dataclass_from_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
-                           "trainer.learner", LearnerError)
+    return build_options(LearnerConfig, {**opts, "loss": loss_config(tcfg["loss"])},
+                         "trainer.learner", error=LearnerError)
 
 
 @dataclass(frozen=True)
@@ -160,30 +161,6 @@ def disk_estimate(num_params: int, tied_head_params: int, param_bytes: int,
     weights = (num_params + tied_head_params) * param_bytes
     ckpt = weights + 2 * num_params * param_bytes  # + AdamW exp_avg and exp_avg_sq
     return DiskEstimate(ckpt, (keep_last + 1) * ckpt, 2 * weights)
-
-
-def make_learner(model_path: str | Path, cfg: LearnerConfig, group=None):
-    """The learner for this job: ``ShardedLearner`` over ``group``'s ranks when
-    ``cfg.backend`` is ``fsdp`` or the launcher started more than one rank, else ``Learner``.
-
-    Args:
-        group: ``rl.distributed.RankGroup`` (rank 0's), required for the sharded learner.
-
-    Raises:
-        LearnerError: several ranks with ``backend=deepspeed`` (ZeRO 1/2 here is one rank).
-    """
-    world = group.world_size if group is not None else 1
-    if cfg.backend == "deepspeed" and world > 1:
-        raise LearnerError(f"{world} learner ranks with trainer.learner.backend=deepspeed: the "
-                           "sharded learner is FSDP2; set trainer.learner.backend=fsdp")
-    if cfg.backend == "fsdp" or world > 1:
-        if group is None:
-            raise LearnerError("trainer.learner.backend=fsdp needs the learner's ranks "
-                               "(rl.distributed.RankGroup)")
-        from rl.sharded_learner import make_sharded_learner
-
-        return make_sharded_learner(group, model_path, cfg)
-    return Learner(model_path, cfg)
 
 
 def fresh_sibling(folder: Path) -> Path:
@@ -275,7 +252,7 @@ def _init_single_process_group(backend: str, device: torch.device) -> None:
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
-        from rollout.process import free_port
+        from common.process import free_port
         os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
     import deepspeed
 

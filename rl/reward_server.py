@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rl.config import EXIT_FAILURE, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, hydra_entry, register_user_error
 from rl.data.base import Prompt
 from rl.rewards import BatchScorer, RewardError, rlhf_scorer_from_config
 from rollout.model import ModelBuildError, ModelPrepareError

@@ -56,7 +56,7 @@ class RolloutUnit:
 
     def session(self):
         """The unit's identity for model calls (``rollout.client.SessionHeaders``)."""
-        from rollout.client import SessionHeaders
+        from router.headers import SessionHeaders
 
         return SessionHeaders(self.session_id, self.workload_class, self.group_id, self.unit_id)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from rl.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
 from rl.report import plot_run, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -50,7 +50,7 @@ def reward_server(cfg: DictConfig, run_dir: Path, model_path: str):
     """Start ``python -m rl.reward_server`` with the recipe's rlhf scorer; yield its URL."""
     import httpx
 
-    from rollout.process import ManagedProcess, free_port
+    from common.process import ManagedProcess, free_port
 
     port = free_port()
     rcfg = cfg.trainer.rewards
@@ -108,19 +108,22 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from agents.client import AgentServerClient
     from rollout.client import ModelClient
     from rl.data.agent_tasks import AgentTaskSource
-    from rl.learner import learner_config, make_learner
+    from rl.learner import learner_config
+    from rl.learner_launch import make_learner
     from rl.mixture import MixtureLedger
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
-    from rl.trainer import Trainer
+    from rl.trainer import Trainer, trainer_config
     from rollout.weight_sync import make_weight_sync, weight_sync_config
-    from rollout.workers import AgentWorker, SingleTurnWorker
+    from rl.workers import AgentWorker, SingleTurnWorker
 
     tcfg = cfg.trainer
     ours = cfg.router.get("impl", "ours") != "vllm"
     name = stack.served_model_name
     tokenizer = AutoTokenizer.from_pretrained(stack.model_path)
 
+    # The data path, in order. Sampler (rl/sampler.py): prompts from the domains, released
+    # as rollout units at the target mixture rho; the mixture ledger (rl/mixture.py) counts them.
     agent_client = (AgentServerClient(agent_url, timeout_s=float(tcfg.agent_timeout_s))
                     if agent_url else None)
     extra = {}
@@ -128,7 +131,21 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         extra["agent"] = {"swe": (AgentTaskSource(await agent_client.tasks()), 1.0)}
     sampler = sampler_from_config(tcfg, int(cfg.seed), run_id=run_dir.name, extra_sources=extra)
     ledger = MixtureLedger(tcfg.rho)
+    # Client (rollout/client.py): model calls through the router, with the session headers.
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+    client = ModelClient(http, stack.router_url, name,
+                         sampling=OmegaConf.to_container(tcfg.sampling, resolve=True),
+                         timeout_s=float(tcfg.request_timeout_s))
+    # Workers (rl/workers.py) with the rewards (rl/reward_pool.py): a unit -> one completion
+    # and its reward (rlvr, rlhf), or an episode on the agent server (agents/server.py).
     rewards = RewardPool(reward_cfg, stack.model_path)
+    single = SingleTurnWorker(client, tokenizer, rewards, tcfg.max_tokens, int(cfg.model.max_model_len))
+    workers = {"rlvr": single.run, "rlhf": single.run}
+    if agent_client is not None:
+        workers["agent"] = AgentWorker(agent_client, stack.router_url, name,
+                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True),
+                                       sampling=OmegaConf.to_container(tcfg.sampling, resolve=True)).run
+    # Learner (rl/learner.py, rl/grpo.py): the GRPO update on the finished samples.
     console.print("loading the learner ...")
     learner = await asyncio.to_thread(make_learner, stack.model_path, learner_config(tcfg), group)
     keep_last = int(tcfg.checkpoint_keep_last)
@@ -139,24 +156,14 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
                   f"{keep_last}, plus the one being written)"
                   + (f", {disk.weight_sync_bytes / gb:.1f} GB in {tcfg.weight_sync.shm_dir} for the "
                      "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
+    # Weight sync (rollout/weight_sync.py): the new weights into the running engines, their
+    # prefix caches reset, the router told.
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
     sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
                             device=str(learner.device))
     if wcfg.method == "nccl":
         console.print("joining the engines' NCCL weight-sync group ...")
         await asyncio.to_thread(sync.connect)
-        sync = BroadcastFromLearner(sync, learner)
-
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-    client = ModelClient(http, stack.router_url, name,
-                         sampling=OmegaConf.to_container(tcfg.sampling, resolve=True),
-                         timeout_s=float(tcfg.request_timeout_s))
-    single = SingleTurnWorker(client, tokenizer, rewards, tcfg.max_tokens, int(cfg.model.max_model_len))
-    workers = {"rlvr": single.run, "rlhf": single.run}
-    if agent_client is not None:
-        workers["agent"] = AgentWorker(agent_client, stack.router_url, name,
-                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True),
-                                       sampling=OmegaConf.to_container(tcfg.sampling, resolve=True)).run
 
     run = wandb.init(project=str(cfg.logging.wandb_project), name=run_dir.name, dir=str(run_dir),
                      mode=os.environ.get("WANDB_MODE", str(cfg.logging.wandb_mode)),
@@ -200,15 +207,17 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         return {f"eval/{bench}/{metric}": v["mean"] for bench, r in res.items()
                 for metric, v in r["metrics"].items()}
 
-    trainer = Trainer(tcfg, sampler, ledger, learner, workers, stack.engines.urls,
-                      stack.router_url if ours else None, sync, run_dir, log=log, evaluate=evaluate)
+    trainer = Trainer(trainer_config(tcfg), sampler=sampler, ledger=ledger, learner=learner,
+                      workers=workers, engine_urls=stack.engines.urls,
+                      router_url=stack.router_url if ours else None, weight_sync=sync,
+                      run_dir=run_dir, log=log, evaluate=evaluate)
     resumed = trainer.resume()
     if resumed:
         console.print(f"resumed from {run_dir / 'checkpoint'} at iteration {learner.version}")
         progress.update(bar, completed=learner.version)
     try:
         if resumed:  # the engines started with the initial weights: serve the resumed ones
-            await asyncio.to_thread(sync.sync, learner.save_weights, learner.version)
+            await asyncio.to_thread(sync.sync, learner, learner.version)
         with progress:
             await trainer.evaluate_baseline()
             history = await trainer.run()
@@ -221,20 +230,6 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         if agent_client is not None:
             await agent_client.aclose()
     return history
-
-
-class BroadcastFromLearner:
-    """``NcclWeightSync`` behind the trainer's ``sync(write_weights, version)`` call: the
-    learner's tensors are broadcast from its GPU and nothing is written to disk."""
-
-    def __init__(self, nccl, learner):
-        self.nccl, self.learner = nccl, learner
-
-    def sync(self, _write_weights, policy_version: int):
-        return self.nccl.sync(self.learner.weights_for_sync(to_cpu=False), policy_version)
-
-    def close(self) -> None:
-        self.nccl.close()
 
 
 def job_gpu_placement(cfg: DictConfig):
@@ -375,16 +370,17 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         ConfigError: the message names the ``trainer.`` section and what is wrong.
     """
     from rl.data import DataError, make_source
-    from rl.grpo import async_limits, loss_config
+    from rl.grpo import loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
+    from rl.trainer import trainer_config
     from rollout.weight_sync import weight_sync_config
 
     plain = OmegaConf.to_container(tcfg, resolve=True)
     checks = (("trainer.rho", lambda: normalize_mixture(plain["rho"])),
               ("trainer.loss", lambda: loss_config(plain["loss"])),
               ("trainer.learner", lambda: learner_config(plain)),
-              ("trainer", lambda: async_limits(plain)),
+              ("trainer", lambda: trainer_config(plain)),  # the loop's settings and limits
               ("trainer.weight_sync", lambda: weight_sync_config(plain["weight_sync"])))
     for where, build in checks:
         try:
@@ -393,16 +389,8 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
             raise ConfigError(f"{where}: a value has the wrong type ({e}); numbers must be "
                               f"numbers: check the values under {where}") from None
         except (ValueError, RuntimeError) as e:  # the parts' own error types
-            raise ConfigError(f"{where}: {e}") from None
-    for key in ("iterations", "groups_per_step", "sync_every", "checkpoint_keep_last"):
-        v = plain.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"trainer.{key}={v!r}: give a whole number >= 1")
-    ds = plain.get("dynamic_sampling") or {}
-    factor = ds.get("max_release_factor", 1)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
-        raise ConfigError(f"trainer.dynamic_sampling.max_release_factor={factor!r}: give a "
-                          "number >= 1 (groups one step may examine, in groups_per_step)")
+            message = str(e)  # build_options already names the section
+            raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
     for key in ("request_timeout_s", "agent_timeout_s"):
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
@@ -417,7 +405,8 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
 
 @hydra_entry("train")
 def main(cfg: DictConfig) -> None:
-    from rl.distributed import RankGroup, rank_from_env, worker_main
+    from rl.distributed import RankGroup, rank_from_env
+    from rl.learner_launch import worker_main
 
     stop_on_sigterm()
     _register_errors()

@@ -49,16 +49,18 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import httpx
 from omegaconf import DictConfig, OmegaConf
 
-from rl.grpo import AsyncLimits, group_advantages
+from rl.grpo import AsyncLimits, GRPOLossConfig, async_limits, group_advantages, loss_config
+from rl.interfaces import Evaluate, Learner, Worker
 from rl.mixture import MixtureLedger, tv_distance
 from rl.sampler import MixtureSampler, RolloutUnit, largest_deficit
+from rl.workers import UnitResult
+from rollout.weight_sync import WeightSync
 from router.signals import parse_engine_metrics
-from rollout.workers import UnitResult
 
 CHECKPOINT_DIR = "checkpoint"
 
@@ -89,6 +91,77 @@ def _informative(group: list[UnitResult]) -> bool:
 
 class TrainerError(RuntimeError):
     """The training loop cannot go on; the message says why and what to do."""
+
+
+def _whole(value: Any, key: str, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise TrainerError(f"trainer.{key}={value!r}: give a whole number >= {least}")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The loop's settings, read once from the ``trainer`` config group (``trainer_config``).
+
+    Attributes:
+        iterations: iterations to run (optimizer steps plus skipped updates), >= 1.
+        groups_per_step: GRPO groups in one learner step, >= 1.
+        limits: max in-flight units and max staleness (DESIGN.md step 2).
+        loss: the GRPO loss options (the loop reads ``scale_adv_by_std`` for the advantages).
+        sync_every: push the weights into the engines every k steps, >= 1.
+        checkpoint_every: checkpoint every k steps (0: only at the end).
+        checkpoint_keep_last: how many ``checkpoint-v<version>`` folders are kept, >= 1.
+        eval_every: evaluate every k steps and at step 0 (0: never).
+        dynamic_sampling: filter groups whose rewards are all equal (DAPO) and release others.
+        max_release_factor: the filter examines at most this many times ``groups_per_step``
+            groups for one step, >= 1, then trains on what it has.
+
+    Raises:
+        TrainerError: a value out of range; the message names the ``trainer.`` key.
+    """
+
+    iterations: int
+    groups_per_step: int
+    limits: AsyncLimits
+    loss: GRPOLossConfig
+    sync_every: int
+    checkpoint_every: int
+    checkpoint_keep_last: int = 1
+    eval_every: int = 0
+    dynamic_sampling: bool = False
+    max_release_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        for key in ("iterations", "groups_per_step", "sync_every", "checkpoint_keep_last"):
+            _whole(getattr(self, key), key, 1)
+        for key in ("checkpoint_every", "eval_every"):
+            _whole(getattr(self, key), key, 0)
+        factor = self.max_release_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
+            raise TrainerError(f"trainer.dynamic_sampling.max_release_factor={factor!r}: give a "
+                               "number >= 1 (groups one step may examine, in groups_per_step)")
+
+
+def trainer_config(tcfg: DictConfig | Mapping[str, Any]) -> TrainerConfig:
+    """``TrainerConfig`` from the ``trainer`` group (its other sections, such as the
+    learner's, the domains or the weight sync, are read by their own parts).
+
+    Raises:
+        TrainerError: a key missing or a value out of range; GRPOError: a bad ``loss`` or limit.
+    """
+    plain = OmegaConf.to_container(tcfg, resolve=True) if isinstance(tcfg, DictConfig) else dict(tcfg)
+    missing = [k for k in ("iterations", "groups_per_step", "max_in_flight", "max_staleness", "loss",
+                           "sync_every", "checkpoint_every") if k not in plain]
+    if missing:
+        raise TrainerError(f"trainer: missing {', '.join(missing)}; give them (recipes/trainer/grpo.yaml)")
+    ds = plain.get("dynamic_sampling") or {}
+    return TrainerConfig(
+        iterations=plain["iterations"], groups_per_step=plain["groups_per_step"],
+        limits=async_limits(plain), loss=loss_config(plain["loss"]),
+        sync_every=plain["sync_every"], checkpoint_every=plain["checkpoint_every"],
+        checkpoint_keep_last=plain.get("checkpoint_keep_last", 1),
+        eval_every=plain.get("eval_every", 0) or 0,
+        dynamic_sampling=bool(ds.get("enabled", False)),
+        max_release_factor=ds.get("max_release_factor", 4.0))
 
 
 @dataclass
@@ -161,25 +234,24 @@ class Trainer:
     """The asynchronous GRPO loop over one running serving stack.
 
     Args:
-        tcfg: the ``trainer`` config group.
+        config: the loop's settings (``trainer_config``).
         sampler, ledger: mixture sampler and ledger (restored on resume).
-        learner: ``rl.learner.Learner`` (its ``version`` is the policy version).
-        workers: workload class -> ``async run(unit) -> UnitResult``.
+        learner: the policy update (its ``version`` is the policy version).
+        workers: workload class -> rollout worker (``async run(unit) -> UnitResult``).
         engine_urls: engines whose counters are scraped for the serving figures.
         router_url: the router (its ``/state`` holds caps; None for the vLLM Router).
-        weight_sync: ``rollout.weight_sync`` object with ``sync(write_weights, version)``,
-            or None to skip syncing.
+        weight_sync: pushes the learner's weights into the engines, or None to skip syncing.
         run_dir: the run folder (metrics.jsonl, checkpoint/).
         log: callback taking one iteration's metrics dict (wandb, progress bar).
-        evaluate: optional ``async evaluate(version) -> {name: value}`` run every
-            ``eval_every`` steps through the same stack (pass@k), merged into the metrics.
+        evaluate: optional evaluation run every ``eval_every`` steps through the same stack
+            (pass@k), merged into the metrics.
     """
 
-    def __init__(self, tcfg: DictConfig, sampler: MixtureSampler, ledger: MixtureLedger,
-                 learner, workers: dict[str, Callable], engine_urls: list[str],
-                 router_url: str | None, weight_sync, run_dir: Path,
-                 log: Callable[[dict], None] = lambda m: None, evaluate=None):
-        self.tcfg = tcfg
+    def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, ledger: MixtureLedger,
+                 learner: Learner, workers: dict[str, Worker], engine_urls: list[str],
+                 router_url: str | None, weight_sync: WeightSync | None, run_dir: Path,
+                 log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None):
+        self.config = config
         self.sampler = sampler
         self.ledger = ledger
         self.learner = learner
@@ -190,26 +262,12 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.log = log
         self.evaluate = evaluate
-        self.eval_every = int(tcfg.get("eval_every", 0) or 0)
-        self.limits = AsyncLimits(int(tcfg.max_in_flight), int(tcfg.max_staleness))
-        self.groups_per_step = int(tcfg.groups_per_step)
-        self.iterations = int(tcfg.iterations)
-        self.sync_every = int(tcfg.sync_every)
-        self.checkpoint_every = int(tcfg.checkpoint_every)
-        self.checkpoint_keep_last = int(tcfg.get("checkpoint_keep_last", 1))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
         self.totals = {"units": 0, "requests": 0, "skipped_steps": 0}
         self.trained_units: Counter = Counter()  # units that entered a gradient, per class
         self.outstanding_groups = 0  # released groups not yet trained on or dropped
-        ds = tcfg.get("dynamic_sampling") or {}
-        self.dynamic_sampling = bool(ds.get("enabled", False))
-        self.max_release_factor = float(ds.get("max_release_factor", 4.0))
-        if self.dynamic_sampling and not self.max_release_factor >= 1.0:
-            raise TrainerError(f"trainer.dynamic_sampling.max_release_factor="
-                               f"{self.max_release_factor}: give a number >= 1 (how many times "
-                               "groups_per_step groups one step may examine)")
         self.filtered_for_step = 0  # groups filtered since the last batch was picked
 
     @property
@@ -228,8 +286,8 @@ class Trainer:
         counters = await asyncio.to_thread(EngineCounters.scrape, self.engine_urls)
         update: asyncio.Task | None = None
         try:
-            while self.iterations_done < self.iterations or update is not None:
-                if self.iterations_done + (update is not None) < self.iterations:
+            while self.iterations_done < self.config.iterations or update is not None:
+                if self.iterations_done + (update is not None) < self.config.iterations:
                     self._release(in_flight, updating=update is not None)
                 waits = set(in_flight) | ({update} if update else set())
                 if not waits:
@@ -250,8 +308,8 @@ class Trainer:
                 # Start the next update as soon as enough fresh groups are ready (or the
                 # dynamic-sampling search for them gave up).
                 ready = [g for g in ready if self._fresh_group(g, it)]
-                if update is None and self.iterations_done < self.iterations and (
-                        len(ready) >= self.groups_per_step or self._give_up(ready)):
+                if update is None and self.iterations_done < self.config.iterations and (
+                        len(ready) >= self.config.groups_per_step or self._give_up(ready)):
                     batch, ready = self._pick_batch(ready)
                     self.filtered_for_step = 0
                     update = asyncio.ensure_future(self._update(batch, it))
@@ -268,7 +326,7 @@ class Trainer:
         is on consumed units, MISA-T section 3.3). Returns (batch, the rest, in order)."""
         consumed = dict(self.ledger.completed_units)
         rest, batch = list(ready), []
-        for _ in range(min(self.groups_per_step, len(rest))):
+        for _ in range(min(self.config.groups_per_step, len(rest))):
             ready_classes = {g[0].unit.workload_class for g in rest}
             target = {b: w for b, w in self.ledger.rho.items() if b in ready_classes}
             b = largest_deficit(target, consumed)
@@ -287,9 +345,9 @@ class Trainer:
         # A group released now is stamped with the current version v; the k-th group queued
         # behind the outstanding ones is trained at version v + updating + k // G_step,
         # which must stay <= v + max_staleness.
-        free = self.limits.free_slots(self.ledger.in_flight())
-        steps_ahead = self.limits.max_staleness + 1 - int(updating)
-        group_budget = steps_ahead * self.groups_per_step - self.outstanding_groups
+        free = self.config.limits.free_slots(self.ledger.in_flight())
+        steps_ahead = self.config.limits.max_staleness + 1 - int(updating)
+        group_budget = steps_ahead * self.config.groups_per_step - self.outstanding_groups
         while group_budget > 0:
             next_class = largest_deficit(self.sampler.rho, self.sampler.released_units)
             if self.sampler.classes[next_class].group_size > free:
@@ -314,7 +372,7 @@ class Trainer:
         if len(g) == unit.group_size:
             group = groups.pop(unit.group_id)
             it.groups_by_class[unit.workload_class] += 1
-            if self.dynamic_sampling and not _informative(group):
+            if self.config.dynamic_sampling and not _informative(group):
                 self._filter(group, it)
             else:
                 ready.append(group)
@@ -339,22 +397,22 @@ class Trainer:
         ``max_release_factor x groups_per_step`` groups for this step without finding
         ``groups_per_step`` informative ones: the step then trains on those it has, or
         is skipped when there are none."""
-        if not self.dynamic_sampling:
+        if not self.config.dynamic_sampling:
             return False
         examined = self.filtered_for_step + len(ready)
-        if examined < self.max_release_factor * self.groups_per_step:
+        if examined < self.config.max_release_factor * self.config.groups_per_step:
             return False
         log.warning("dynamic sampling: %d of %d groups examined for step %d carry signal "
                     "(the other %d had equal rewards; limit trainer.dynamic_sampling."
                     "max_release_factor=%g x groups_per_step=%d): %s", len(ready), examined,
-                    self.learner.version + 1, self.filtered_for_step, self.max_release_factor,
-                    self.groups_per_step, "training on those" if ready else
+                    self.learner.version + 1, self.filtered_for_step, self.config.max_release_factor,
+                    self.config.groups_per_step, "training on those" if ready else
                     "skipping the update (no new version, no weight sync)")
         return True
 
     def _fresh_group(self, group: list[UnitResult], it: IterationStats) -> bool:
         """Drop a group whose units are too stale (MISA-T 3.1 staleness bound), counting them."""
-        if all(self.limits.is_fresh(r.unit.policy_version, self.learner.version) for r in group):
+        if all(self.config.limits.is_fresh(r.unit.policy_version, self.learner.version) for r in group):
             return True
         for r in group:
             self.ledger.record_dropped(r.unit.unit_id)
@@ -380,7 +438,7 @@ class Trainer:
                     self.ledger.record_completed(r.unit.unit_id)
                 continue
             adv = group_advantages([r.reward for r in ok], [r.unit.group_id for r in ok],
-                                   scale_by_std=bool(self.tcfg.loss.scale_adv_by_std))
+                                   scale_by_std=self.config.loss.scale_adv_by_std)
             for r, a in zip(ok, adv.tolist()):
                 self.ledger.record_completed(r.unit.unit_id)
                 if a == 0.0:
@@ -401,9 +459,8 @@ class Trainer:
             self.totals["skipped_steps"] = int(self.totals.get("skipped_steps", 0)) + 1
         update_s = time.monotonic() - t0
         sync: dict[str, float] = {}
-        if self.weight_sync is not None and samples and self.learner.version % self.sync_every == 0:
-            report = await asyncio.to_thread(self.weight_sync.sync, self.learner.save_weights,
-                                             self.learner.version)
+        if self.weight_sync is not None and samples and self.learner.version % self.config.sync_every == 0:
+            report = await asyncio.to_thread(self.weight_sync.sync, self.learner, self.learner.version)
             sync = report.as_metrics()
             # a sharded learner's gather: time, buckets, peak memory per rank
             sync.update({f"gather/{k}": v for k, v in getattr(self.learner, "last_sync_stats", {}).items()})
@@ -458,11 +515,12 @@ class Trainer:
             **{(k if "/" in k else f"loss/{k}"): v for k, v in upd["step"].items()},
             **{f"sync/{k}": v for k, v in upd["sync"].items()},
         }
-        if upd["updated"] and self.evaluate is not None and self.eval_every \
-                and self.learner.version % self.eval_every == 0:
+        if upd["updated"] and self.evaluate is not None and self.config.eval_every \
+                and self.learner.version % self.config.eval_every == 0:
             m.update(await self._evaluate())
         self._record(m)
-        if upd["updated"] and self.checkpoint_every and self.learner.version % self.checkpoint_every == 0:
+        every = self.config.checkpoint_every
+        if upd["updated"] and every and self.learner.version % every == 0:
             await asyncio.to_thread(self.save_checkpoint)
         return now
 
@@ -482,7 +540,7 @@ class Trainer:
         """Evaluate the starting weights (step 0) when ``eval_every`` is on and nothing was
         trained yet; the line (``iteration`` 0, ``baseline`` true) goes into the history,
         metrics.jsonl and the log callback, so learning curves start at step 0."""
-        if self.evaluate is None or not self.eval_every or self.iterations_done > 0:
+        if self.evaluate is None or not self.config.eval_every or self.iterations_done > 0:
             return None
         m = {"iteration": 0, "policy_version": 0, "baseline": True,
              "time_s": round(time.monotonic() - self.started_at_s, 2), **await self._evaluate()}
@@ -518,7 +576,7 @@ class Trainer:
         link.unlink(missing_ok=True)
         link.symlink_to(folder.name)
         os.replace(link, latest)
-        for old in self._checkpoints()[:-self.checkpoint_keep_last]:
+        for old in self._checkpoints()[:-self.config.checkpoint_keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         return folder
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from router.headers import SessionHeaders
+
 
 class ClientError(RuntimeError):
     """A model call failed (HTTP error, malformed or aborted answer); the message says
@@ -36,34 +38,6 @@ class ClientError(RuntimeError):
 ABORTED = "abort"
 _ABORT_MESSAGE = ("completion aborted by the engine (finish_reason 'abort', as a weight sync "
                   "with pause_mode=abort does); a truncated answer is never scored")
-
-
-@dataclass(frozen=True)
-class SessionHeaders:
-    """Identity of one episode for the router (DESIGN.md "Request metadata").
-
-    Attributes:
-        session_id: X-Session-Id, one per episode.
-        workload_class: X-Workload-Class (``agent``, ``rlvr``, ``rlhf``, ...).
-        group_id: X-Group-Id (GRPO group of the rollout unit), or None.
-        unit_id: X-Rollout-Unit (trainer-counted unit id), or None.
-    """
-
-    session_id: str
-    workload_class: str = "default"
-    group_id: str | None = None
-    unit_id: str | None = None
-
-    def headers(self, session_end: bool) -> dict[str, str]:
-        """HTTP headers of one call; ``session_end`` marks the episode's last call."""
-        h = {"X-Session-Id": self.session_id, "X-Workload-Class": self.workload_class}
-        if self.group_id is not None:
-            h["X-Group-Id"] = self.group_id
-        if self.unit_id is not None:
-            h["X-Rollout-Unit"] = self.unit_id
-        if session_end:
-            h["X-Session-End"] = "1"
-        return h
 
 
 @dataclass

@@ -37,8 +37,8 @@ from typing import Sequence
 import httpx
 from omegaconf import DictConfig
 
-from rollout.process import ManagedProcess, ProcessStartError, free_port
-from router.urls import engine_urls_problem, kv_event_endpoints_problem
+from common.process import ManagedProcess, ProcessStartError, free_port
+from common.urls import engine_urls_problem, kv_event_endpoints_problem
 
 
 class EngineError(RuntimeError):

@@ -191,7 +191,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
 
 def main() -> None:
     """``python -m rollout.model [model=...]``: prepare the configured model and print its folder."""
-    from rl.config import compose_or_exit
+    from common.config import compose_or_exit
 
     cfg = compose_or_exit("train", sys.argv[1:])
     print(resolve_model_path(cfg.model))

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import EXIT_FAILURE, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, hydra_entry, register_user_error
 from rollout.engines import EngineError, EnginePool, EngineStartError, validate_engine_cfg
 from rollout.model import ModelBuildError, ModelPrepareError, resolve_model_path
-from rollout.process import ProcessStartError
+from common.process import ProcessStartError
 
 register_user_error(EngineError)  # a bad engine value: exit 2
 register_user_error(ModelPrepareError)  # a bad model.path: exit 2

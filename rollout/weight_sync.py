@@ -32,9 +32,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import httpx
+
+from common.options import build_options
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +237,32 @@ class _EngineControl:
             return list(ex.map(one, self.engine_urls))
 
 
+class WeightSource(Protocol):
+    """Where a weight sync reads the new policy weights from (the trainer's learner)."""
+
+    def save_weights(self, folder: Path) -> object:
+        """Write every weight an engine loads into ``folder`` as safetensors (``http_reload``)."""
+
+    def weights_for_sync(self, to_cpu: bool = True) -> Mapping[str, Any]:
+        """name -> tensor of every weight an engine loads, on the learner's device when
+        ``to_cpu`` is false (``nccl``)."""
+
+
+class WeightSync(Protocol):
+    """What the trainer calls after an optimizer step: one ``sync`` for both methods."""
+
+    def sync(self, source: WeightSource, policy_version: int) -> "SyncReport":
+        """Load ``source``'s weights (policy version ``policy_version``) into every engine,
+        reset their prefix caches and tell the router.
+
+        Raises:
+            WeightSyncError: an engine refused a step.
+        """
+
+    def close(self) -> None:
+        """Release connections and any copy of the weights the sync holds."""
+
+
 class HttpReloadSync:
     """Weight sync through a shared-memory folder and ``reload_weights`` (one machine).
 
@@ -250,8 +278,8 @@ class HttpReloadSync:
         self.control = _EngineControl(engine_urls, self.cfg, client)
         self._last_dir: Path | None = None
 
-    def sync(self, write_weights: Callable[[Path], object], policy_version: int) -> SyncReport:
-        """Write the weights with ``write_weights(folder)`` (e.g. ``Learner.save_weights``:
+    def sync(self, source: WeightSource, policy_version: int) -> SyncReport:
+        """Write the weights with ``source.save_weights(folder)`` (``rl.learner.Learner``:
         safetensors, the tied lm_head included) and load them into every engine.
 
         Raises:
@@ -264,7 +292,7 @@ class HttpReloadSync:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         try:
-            write_weights(folder)
+            source.save_weights(folder)
             write_s = time.perf_counter() - t0
             timings = self.control.update_all(
                 lambda url: self.control.rpc(url, "reload_weights",
@@ -392,9 +420,9 @@ class NcclWeightSync:
                                   "VLLM_DISABLE_PYNCCL set); use http_reload")
         self._group = group
 
-    def sync(self, named_tensors: Mapping[str, Any], policy_version: int) -> SyncReport:
-        """Broadcast ``named_tensors`` (e.g. ``Learner.weights_for_sync(to_cpu=False)``) to
-        every engine.
+    def sync(self, source: WeightSource, policy_version: int) -> SyncReport:
+        """Broadcast ``source.weights_for_sync(to_cpu=False)`` (the learner's tensors, from
+        its GPU; nothing is written to disk) to every engine.
 
         Raises:
             WeightSyncError: ``connect`` was not called, or an engine failed.
@@ -404,7 +432,7 @@ class NcclWeightSync:
         if self._group is None:
             raise WeightSyncError("call NcclWeightSync.connect() before the first sync")
         t0 = time.perf_counter()
-        items = list(named_tensors.items())
+        items = list(source.weights_for_sync(to_cpu=False).items())
         meta = json.dumps(_tensor_meta(items))
         # Every engine is paused and called before the broadcasts start; if one fails, the
         # barrier times out and breaks instead of leaving the others waiting forever.
@@ -472,7 +500,5 @@ def weight_sync_config(opts: Mapping[str, Any], router_url: str | None = None) -
     Raises:
         WeightSyncError: unknown or invalid option.
     """
-    from rl.grpo import dataclass_from_options
-
-    return dataclass_from_options(WeightSyncConfig, {**dict(opts), "router_url": router_url},
-                                  "trainer.weight_sync", WeightSyncError)
+    return build_options(WeightSyncConfig, {**dict(opts), "router_url": router_url},
+                         "trainer.weight_sync", error=WeightSyncError)

@@ -7,7 +7,7 @@ Examples::
     python -m router --cfg job          # the resolved config
     python -m router --help
 
-The command line goes through ``rl.config.hydra_entry`` like every entry point: a
+The command line goes through ``common.config.hydra_entry`` like every entry point: a
 mistake ends with one ``error:`` line saying what was wrong and what is valid, no
 traceback; exit code 2 for an unknown key, ``router=`` choice or policy option, 1 for a
 bad value (a malformed engine URL, a port out of range, an option the policy rejects).
@@ -21,8 +21,9 @@ import signal
 
 from omegaconf import DictConfig
 
-from rl.config import hydra_entry
+from common.config import hydra_entry
 from router.policies.base import RouterConfigError
+from router.service_config import SERVICE_OPTIONS  # noqa: F401 - registers the renamed keys before compose
 
 CONFIG_NAME = "router_service"
 

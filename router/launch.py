@@ -4,7 +4,7 @@
 or, for a recipe with ``impl: vllm``, the real vLLM Router program (PyPI
 ``vllm-router``, policy ``cache_aware``), health-checks it and hands back a
 :class:`RouterHandle`. Both log to ``log_dir/router.log`` and die with the job
-(``rollout.process.ManagedProcess``).
+(``common.process.ManagedProcess``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rollout.process import ManagedProcess, free_port
+from common.process import ManagedProcess, free_port
 
 from router.policies.base import RouterConfigError, UnknownOptionError
-from router.urls import engine_urls_problem, normalize_engine_urls
+from common.urls import engine_urls_problem, normalize_engine_urls
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,7 +179,7 @@ def start_router(
 
     Raises:
         RouterConfigError: bad ``router_cfg`` or engine URL.
-        rollout.process.ProcessStartError: the router exited or stayed unhealthy; the
+        common.process.ProcessStartError: the router exited or stayed unhealthy; the
             message holds its log's last lines.
     """
     try:

@@ -77,6 +77,8 @@ class RouterMetrics:
         self.in_flight = Gauge("router_in_flight_requests", "Requests forwarded and not finished", ["instance"], registry=r)
         self.engine_failures = Counter("router_engine_failures", "Failed engine requests (connection, 502/503/504)", ["instance"], registry=r)
         self.retries = Counter("router_retries", "Requests retried after an engine failure", registry=r)
+        self.policy_errors = Counter("router_policy_errors", "Exceptions raised by the policy (a policy bug)",
+                                     ["call"], registry=r)  # call: decide | observe
         self.instance_healthy = Gauge("router_instance_healthy", "1 when the instance is healthy", ["instance"], registry=r)
         self.signal_age_s = Gauge("router_metrics_age_seconds", "Age of the instance's last metric sample", ["instance"], registry=r)
         self.kv_events = Counter("router_kv_events", "KV-cache events received", ["instance", "type"], registry=r)

@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 import aiohttp
 import numpy as np
 
-from rollout.client import SessionHeaders
+from router.headers import SessionHeaders
 from router.policies.base import InstanceMetrics
 from router.signals import parse_engine_metrics
 from router.sim.metrics import policy_caps, unit_figures

@@ -45,13 +45,14 @@ import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-import aiohttp
 import msgspec
-from aiohttp import web, web_protocol
+from aiohttp import web
 
+from router.bad_request import (BadRequestError, JsonErrorServer, check_field_types, decode_json_object,
+                                error_body, error_response, json_type)
 from router.metrics import RouterMetrics
 from router.policies.base import (
     DEFAULT_CLASS,
@@ -70,10 +71,11 @@ from router.policies.base import (
     RouterConfigError,
     SessionEnded,
 )
+from router.service_config import SERVICE_OPTIONS, ServiceConfig
 from router.signals import KvEventSubscriber, KvHashTranslator, MetricsScraper
 from router.tokenize import Endpoint, PromptError, PromptTokenizer
 from router.upstream import UpstreamClient, UpstreamResponse
-from router.urls import engine_urls_problem, kv_event_endpoints_problem, normalize_engine_urls
+from common.urls import engine_urls_problem, kv_event_endpoints_problem, normalize_engine_urls
 
 log = logging.getLogger(__name__)
 
@@ -91,62 +93,6 @@ _RETRYABLE_STATUS = frozenset({502, 503, 504})
 _FAILED_ENGINE_ERRORS = (asyncio.TimeoutError, ConnectionError)  # UpstreamError is a ConnectionError
 
 
-@dataclass(frozen=True)
-class ServiceConfig:
-    """Transport options of the live router (``recipes/router_service.yaml``).
-
-    Attributes:
-        workload_classes: classes accepted in ``X-Workload-Class``; others (and a
-            missing header) become ``DEFAULT_CLASS`` and are counted.
-        max_body_bytes: largest request body accepted (413 above).
-        connect_timeout_s: engine connect timeout; a timeout fails the engine.
-        request_timeout_s: longest silence while reading an engine's answer.
-        max_retries: decisions after engine failures before the client gets 502.
-        probe_interval_s: period of ``/health`` probes of an unhealthy engine.
-        scrape_interval_s / scrape_timeout_s: metric scrape period and timeout.
-        kv_topic: ZMQ topic of the engines' KV event publishers.
-        long_hold_s: holds longer than this are counted as long holds.
-        session_idle_timeout_s: a session with nothing in flight for this long is
-            closed (``SessionEnded(reason="idle_timeout")``); 0 disables.
-        no_engine_timeout_s: a request waiting while no engine is healthy gets a 503
-            after this long (holds for capacity are not bounded; holds for dead engines are).
-        tokenizer_threads: threads that tokenize prompts off the event loop.
-        wake_per_finish: held requests (oldest first) rechecked at once when a request
-            finishes; the others recheck after their hold delay.
-    """
-
-    workload_classes: tuple[str, ...] = ("agent", "rlvr", "rlhf")
-    max_body_bytes: int = 16 * 1024 * 1024
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 600.0
-    max_retries: int = 3
-    probe_interval_s: float = 1.0
-    scrape_interval_s: float = 0.5
-    scrape_timeout_s: float = 2.0
-    kv_topic: str = "kv-events"
-    long_hold_s: float = 30.0
-    session_idle_timeout_s: float = 600.0
-    no_engine_timeout_s: float = 30.0
-    tokenizer_threads: int = 1
-    wake_per_finish: int = 4
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value, default = getattr(self, f.name), f.default
-            if isinstance(default, (int, float)) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise RouterConfigError(f"{_SERVICE_OPTIONS.get(f.name, f.name)} must be a number, got {value!r}")
-            if isinstance(default, int) and not isinstance(value, int):
-                raise RouterConfigError(f"{_SERVICE_OPTIONS.get(f.name, f.name)} must be an integer, got {value!r}")
-        for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
-                     "no_engine_timeout_s",
-                     "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
-            if getattr(self, name) <= 0:
-                raise RouterConfigError(f"{_SERVICE_OPTIONS.get(name, name)} must be > 0, got {getattr(self, name)!r}")
-        if self.max_retries < 0 or self.session_idle_timeout_s < 0:
-            name = "max_retries" if self.max_retries < 0 else "session_idle_timeout_s"
-            raise RouterConfigError(f"{_SERVICE_OPTIONS[name]} must be >= 0, got {getattr(self, name)!r}")
-
-
 @dataclass
 class InstanceState:
     """The transport's knowledge of one engine (becomes an ``InstanceView``)."""
@@ -162,72 +108,8 @@ class InstanceState:
         return InstanceView(self.url, self.healthy, self.in_flight, self.metrics, age)
 
 
-def _client_http_error_as_one_line(record: logging.LogRecord) -> bool:
-    """Log filter for ``aiohttp.server``: a client's malformed HTTP (aiohttp answers it 400)
-    becomes one warning line instead of an error with a traceback; nothing is dropped."""
-    exc = record.exc_info[1] if record.exc_info else None
-    if isinstance(exc, aiohttp.http_exceptions.HttpProcessingError) and exc.code == 400:
-        record.msg, record.args = "client sent malformed HTTP (answered 400): %s", (exc.message,)
-        record.exc_info, record.exc_text = None, None
-        record.levelno, record.levelname = logging.WARNING, "WARNING"
-    return True
-
-
-logging.getLogger("aiohttp.server").addFilter(_client_http_error_as_one_line)
-
-
-class ClientError(Exception):
-    """A bad client request; becomes an OpenAI-format JSON error with ``status``."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
 class _NoHealthyEngine(Exception):
     """No engine was healthy for longer than ``no_engine_timeout_s`` while a request waited."""
-
-
-def error_body(status: int, message: str, code: str | None = None) -> dict:
-    """OpenAI-format error ``{"error": {"message", "type", "param", "code"}}`` for ``status``."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": code or str(status)}}
-
-
-def error_response(status: int, message: str, code: str | None = None) -> web.Response:
-    """:func:`error_body` as a JSON response with ``status``."""
-    return web.json_response(error_body(status, message, code), status=status)
-
-
-class _JsonErrorRequestHandler(web_protocol.RequestHandler):
-    """aiohttp's connection handler, answering the errors of the HTTP layer itself
-    (malformed request line or headers, a line over aiohttp's 8190-byte limit, a bad
-    method, a handler that escaped) in OpenAI format instead of aiohttp's text/plain."""
-
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs; raises if the answer has begun
-        if isinstance(exc, aiohttp.http_exceptions.LineTooLong):
-            text = ("malformed HTTP request: the request line or a header line is longer than the server's "
-                    "limit of 8190 bytes; send large data in the body")
-        elif isinstance(exc, aiohttp.http_exceptions.HttpProcessingError):
-            detail = " ".join((exc.message or "").split())
-            text = f"malformed HTTP request: {detail[:200]}"
-        elif status == 504:
-            text = "the router timed out handling the request"
-        else:
-            text = f"internal router error: {type(exc).__name__}" if exc is not None else (message or "error")
-        response = error_response(status, text, "malformed_http" if status == 400 else None)
-        response.force_close()
-        return response
-
-
-class _JsonErrorServer(web.Server):
-    """``web.Server`` whose connections use :class:`_JsonErrorRequestHandler`."""
-
-    def __call__(self) -> web_protocol.RequestHandler:
-        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 @dataclass
@@ -363,7 +245,7 @@ class RouterService:
                         await http.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                         http.writer.output_size = 0  # the answer proper starts now
                 return await handler(http)
-            except ClientError as exc:
+            except BadRequestError as exc:
                 return error_response(exc.status, str(exc), exc.code)
             except web.HTTPRequestEntityTooLarge as exc:
                 return error_response(413, f"request body too large ({exc.text}); the limit is server.max_body_bytes")
@@ -377,7 +259,7 @@ class RouterService:
                 log.exception("internal error on %s %s", http.method, http.path)
                 return error_response(500, f"internal router error: {type(exc).__name__}: {exc}")
 
-        return _JsonErrorServer(handle, request_factory=make_request, handler_cancellation=True, access_log=None)
+        return JsonErrorServer(handle, request_factory=make_request, handler_cancellation=True, access_log=None)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Start the background tasks and serve on ``host:port`` (0 = any free port); returns the base URL."""
@@ -409,7 +291,7 @@ class RouterService:
         self._tasks = [asyncio.create_task(self.scraper.run(), name="scrape")]
         if self.kv_events.endpoints:
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
-        if self.config.session_idle_timeout_s > 0:
+        if self.config.session_forget_idle_s > 0:
             self._tasks.append(asyncio.create_task(self._sweep_idle_sessions(), name="idle-sessions"))
 
     async def _on_cleanup(self) -> None:
@@ -428,6 +310,7 @@ class RouterService:
         try:
             self.policy.observe(event)
         except Exception:
+            self.metrics.policy_errors.labels("observe").inc()
             log.exception("policy %s failed to observe %s", self.policy.name, type(event).__name__)
 
     def _set_block_size(self, block_size: int) -> None:
@@ -515,7 +398,7 @@ class RouterService:
             heapq.heapify(self._held_waiters)
 
     async def _sweep_idle_sessions(self) -> None:
-        timeout_s = self.config.session_idle_timeout_s
+        timeout_s = self.config.session_forget_idle_s
         while True:
             await asyncio.sleep(min(timeout_s / 4, 5.0))
             now = self.clock()
@@ -563,7 +446,7 @@ class RouterService:
         """The raw body and its decoded JSON object, with the fields the router reads checked.
 
         Raises:
-            ClientError: 400 for a body that is not a UTF-8 JSON object, nests too deeply,
+            BadRequestError: 400 for a body that is not a UTF-8 JSON object, nests too deeply,
                 lacks ``model`` and ``messages``/``prompt``, or gives a field the router reads
                 (``model``, ``stream``, ``max_tokens``, ``max_completion_tokens``) the wrong
                 type. ``messages``/``prompt`` are checked by the tokenizer (``PromptError``).
@@ -573,7 +456,7 @@ class RouterService:
         required = ("model", "messages") if endpoint == "chat" else ("model", "prompt")
         missing = [k for k in required if k not in body]
         if missing:
-            raise ClientError(400, f"missing required field(s) {', '.join(missing)} in the request body", "missing_field")
+            raise BadRequestError(400, f"missing required field(s) {', '.join(missing)} in the request body", "missing_field")
         check_field_types(body)
         return raw, body
 
@@ -587,7 +470,7 @@ class RouterService:
             else:
                 prompt = self.tokenizer.prompt_info(body, endpoint)
         except PromptError as exc:
-            raise ClientError(400, str(exc), "invalid_prompt") from None
+            raise BadRequestError(400, str(exc), "invalid_prompt") from None
         request = self._request_from(http, body, prompt)
         session = self._sessions.setdefault(request.session_id, _Session())
         session.in_flight += 1
@@ -614,7 +497,11 @@ class RouterService:
                 now = self.clock()
                 view = ClusterView(tuple(s.view(now) for s in self.instances.values()))
                 t0 = time.perf_counter()
-                decision = self.policy.decide(request, view, now)
+                try:
+                    decision = self.policy.decide(request, view, now)
+                except Exception:  # a policy bug: counted, then answered 500 like any router bug
+                    self.metrics.policy_errors.labels("decide").inc()
+                    raise
                 self.metrics.decision_latency_s.observe(time.perf_counter() - t0)
                 if isinstance(decision, Admit):
                     self.metrics.admit_decisions.inc()
@@ -846,14 +733,14 @@ class RouterService:
         body = decode_json_object(raw) if raw.strip() else {}
         target = body.get("instance")
         if target is not None and not isinstance(target, str):
-            raise ClientError(400, f"'instance' must be an engine URL string or null, got {_json_type(target)}",
+            raise BadRequestError(400, f"'instance' must be an engine URL string or null, got {json_type(target)}",
                               "invalid_type")
         if target is None:
             targets = list(self.instances)
         else:
             target = str(target).rstrip("/")
             if target not in self.instances:
-                raise ClientError(404, f"unknown instance {target!r}; known: {', '.join(self.instances)}", "unknown_instance")
+                raise BadRequestError(404, f"unknown instance {target!r}; known: {', '.join(self.instances)}", "unknown_instance")
             targets = [target]
         now = self.clock()
         for instance in targets:
@@ -865,63 +752,6 @@ class RouterService:
 def _set_result_once(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-def _json_type(value: Any) -> str:
-    """``value`` for an error message: a scalar as JSON (cut to 40 characters), else its type."""
-    if isinstance(value, (list, dict)):
-        return "an array" if isinstance(value, list) else "an object"
-    text = msgspec.json.encode(value).decode()
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def decode_json_object(raw: bytes) -> dict:
-    """Decode a request body that must be one JSON object (UTF-8).
-
-    Raises:
-        ClientError: 400 ``invalid_json`` naming the problem: invalid UTF-8 (with the byte
-            offset), malformed JSON, nesting deeper than the decoder's limit, or a value
-            that is not an object.
-    """
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            raise ClientError(400, f"request body is not valid UTF-8 (byte {raw[bad.start]:#04x} at offset "
-                              f"{bad.start}); send JSON encoded as UTF-8", "invalid_json") from None
-        raise ClientError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-    except RecursionError:  # msgspec stops at ~1000 nested arrays/objects
-        raise ClientError(400, "request body nests JSON arrays/objects too deeply (the limit is about "
-                          "1000 levels); an OpenAI request needs a few", "invalid_json") from None
-    if not isinstance(body, dict):
-        raise ClientError(400, f"request body must be a JSON object, got {_json_type(body)}", "invalid_json")
-    return body
-
-
-def check_field_types(body: dict) -> None:
-    """Check the types of the request fields the router reads besides the prompt.
-
-    ``model`` must be a string, ``stream`` true/false/null, ``max_tokens`` and
-    ``max_completion_tokens`` non-negative integers or null.
-
-    Raises:
-        ClientError: 400 ``invalid_type`` naming the field, the expected and the given type.
-    """
-    checks = (
-        ("model", lambda v: isinstance(v, str), "a string"),
-        ("stream", lambda v: v is None or isinstance(v, bool), "true, false or null"),
-        ("max_tokens", _is_token_count, "a non-negative integer or null"),
-        ("max_completion_tokens", _is_token_count, "a non-negative integer or null"),
-    )
-    for name, ok, expected in checks:
-        if name in body and not ok(body[name]):
-            raise ClientError(400, f"'{name}' must be {expected}, got {_json_type(body[name])}", "invalid_type")
-
-
-def _is_token_count(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
 def _reply_headers(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -972,24 +802,6 @@ def _usage_of_sse_tail(tail: bytes) -> dict:
     return {}
 
 
-# ServiceConfig field -> its key in recipes/router_service.yaml.
-_SERVICE_OPTIONS = {
-    "max_body_bytes": "server.max_body_bytes",
-    "long_hold_s": "server.long_hold_s",
-    "tokenizer_threads": "server.tokenizer_threads",
-    "wake_per_finish": "server.wake_per_finish",
-    "connect_timeout_s": "engines.connect_timeout_s",
-    "request_timeout_s": "engines.request_timeout_s",
-    "max_retries": "engines.max_retries",
-    "probe_interval_s": "engines.probe_interval_s",
-    "scrape_interval_s": "signals.scrape_interval_s",
-    "scrape_timeout_s": "signals.scrape_timeout_s",
-    "kv_topic": "signals.kv_topic",
-    "session_idle_timeout_s": "sessions.idle_timeout_s",
-    "no_engine_timeout_s": "engines.no_engine_timeout_s",
-}
-
-
 def build_service(cfg: Any) -> RouterService:
     """Build a :class:`RouterService` from the composed ``router_service`` config.
 
@@ -1014,7 +826,7 @@ def build_service(cfg: Any) -> RouterService:
     policy = make_policy(cfg.router.policy, params)
     config = ServiceConfig(
         workload_classes=tuple(cfg.sessions.workload_classes),
-        **{name: OmegaConf.select(cfg, path, throw_on_missing=True) for name, path in _SERVICE_OPTIONS.items()},
+        **{name: OmegaConf.select(cfg, path, throw_on_missing=True) for name, path in SERVICE_OPTIONS.items()},
     )
     tokenizer = PromptTokenizer(cfg.model.path)
     return RouterService(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import compose
+from common.config import compose
 
 SERVED_NAME = "smollm2-135m"
 

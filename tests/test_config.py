@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import ConfigError, compose
+from common.config import ConfigError, compose
 from tests.conftest import GSM8K_TINY_OVERRIDE
 
 
@@ -47,7 +47,7 @@ def test_run_folder_with_more_than_hydra_files_is_kept(tmp_path, monkeypatch):
     """Only a folder holding nothing but Hydra's own files is removed on a refused command."""
     from hydra.core.hydra_config import HydraConfig
 
-    from rl.config import _remove_refused_run_dir
+    from common.config import _remove_refused_run_dir
 
     for name, extra in (("empty", None), ("used", "metrics.jsonl")):
         out = tmp_path / name
@@ -85,7 +85,7 @@ def test_recipe_overrides_group_defaults():
 def test_repo_relative_paths_resolve_from_the_repository_root():
     from omegaconf import OmegaConf
 
-    from rl.config import REPO_ROOT
+    from common.config import REPO_ROOT
 
     cfg = compose("train", [])
     path = OmegaConf.to_container(cfg.trainer.domains.rlvr.gsm8k, resolve=True)["path"]
@@ -95,7 +95,7 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
 @pytest.mark.parametrize("override,expect", [
     ("trainer.learner.backend=jax", "trainer.learner"),
     ("trainer.rho.agent=-5", "trainer.rho"),
-    ("trainer.loss.eps_low=abc", "wrong type"),
+    ("trainer.loss.eps_low=abc", "trainer.loss: option 'eps_low' must be a number, got 'abc'"),
     ("trainer.iterations=0", "trainer.iterations=0"),
     ("trainer.agent_timeout_s=0", "trainer.agent_timeout_s=0: give a number of seconds > 0"),
     ("trainer.learner.world_size=2", "trainer.learner.world_size=2, but the launcher started 1"),
@@ -189,7 +189,7 @@ def test_gpu_recipe_without_model_path_names_the_key_and_what_to_pass(tmp_path):
                                                       ("SystemExit(143)", 143, "SIGTERM")])
 def test_ctrl_c_and_sigterm_end_with_one_stopped_line_not_a_traceback(tmp_path, raised, code, why):
     """An entry point interrupted while running (its with/finally blocks stop its children)."""
-    script = ("import sys\nfrom rl.config import hydra_entry\n"
+    script = ("import sys\nfrom common.config import hydra_entry\n"
               "@hydra_entry('router_service')\n"
               f"def main(cfg):\n    raise {raised}\n"
               "sys.argv = ['entry']\nmain()\n")

@@ -1,7 +1,7 @@
 """Every entry point answers a mistake in its command the same way: one ``error:`` line, no
 traceback, exit code 2, refused before anything starts, and nothing left in the folder it
 ran in (no empty run folder). A failure at run time exits 1, Ctrl-C 130, SIGTERM 143
-(rl.config; the last two in tests/test_config.py)."""
+(common.config; the last two in tests/test_config.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from rl.config import EXIT_FAILURE, EXIT_USAGE, RunFailedError, user_error_exit_code
+from common.config import EXIT_FAILURE, EXIT_USAGE, RunFailedError, user_error_exit_code
 from tests.conftest import GSM8K_TINY, GSM8K_TINY_OVERRIDE, TESTS_DIR
 
 REPO = TESTS_DIR.parent
 
-# The commands built on rl.config.hydra_entry, each with one bad value it refuses before it
+# The commands built on common.config.hydra_entry, each with one bad value it refuses before it
 # starts anything (an unknown key is the same for all of them).
 HYDRA_ENTRY_POINTS = {
     "rl.train": ["engine.num_engines=0", GSM8K_TINY_OVERRIDE],
@@ -84,7 +84,7 @@ def test_refused_command_removes_the_run_folder_and_the_parents_it_made(module, 
 def test_a_failure_at_run_time_exits_1_not_2():
     from rollout.engines import EngineError, EngineStartError
     from rollout.model import ModelBuildError, ModelPrepareError
-    from rollout.process import ProcessStartError
+    from common.process import ProcessStartError
     import rollout.serve  # noqa: F401  (registers the serving stack's errors)
 
     assert user_error_exit_code(RunFailedError("a child run failed")) == EXIT_FAILURE

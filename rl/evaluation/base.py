@@ -16,7 +16,9 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from rollout.client import RolloutClient, SessionHeaders
+from rollout.client import RolloutClient
+
+from router.headers import SessionHeaders
 
 PASS, FAIL, ERROR = "pass", "fail", "error"
 """The three outcomes of one graded sample."""

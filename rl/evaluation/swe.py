@@ -42,7 +42,8 @@ import httpx
 from agents.chat import ChatFormat, ChatRenderer, Tokenizer
 from agents.envs.task import Task, TaskError, TestReport, evaluate
 from agents.loop import EpisodeConfig, run_episode
-from rollout.client import ModelClient, SessionHeaders
+from rollout.client import ModelClient
+from router.headers import SessionHeaders
 from rl.evaluation.base import (ERROR, FAIL, PASS, UNGRADED, EvalError, EvalProblem,
                                 SampleContext, SampleResult, sample_key, sample_seed)
 from rl.evaluation.swebench_harness import HarnessSettings, grade_with_harness
@@ -318,7 +319,7 @@ class SweBenchmark:
             return SampleResult(**result, outcome=ERROR, detail=detail, error=episode.error)
         if not episode.turns:  # the model was never asked: a setting, not the model, failed
             return SampleResult(**result, outcome=ERROR, detail=detail, error=(
-                f"instance {problem.problem_id}: the first prompt ({len(episode.prompt_token_ids)} "
+                f"instance {problem.problem_id}: the first prompt ({len(episode.prompt_ids)} "
                 f"tokens) leaves no room under max_context_tokens="
                 f"{self.episode.limits.max_context_tokens}; raise eval.agent.episode.limits."))
         if self.grader == "swebench":  # graded in one batch by grade_pending

@@ -13,7 +13,6 @@ from router.policies.kv_horizon import KvHorizonConfig, KvHorizonPolicy
 from router.policies.misa import MisaConfig, MisaPolicy
 from router.policies.misa_t import MisaTConfig, MisaTPolicy
 from router.policies.registry import (
-    build_config,
     canonical_policy_name,
     make_policy,
     policy_config_class,
@@ -46,7 +45,6 @@ __all__ = [
     "POLICY_NAMES",
     "RouterConfigError",
     "UnknownOptionError",
-    "build_config",
     "canonical_policy_name",
     "make_policy",
     "policy_config_class",

@@ -248,7 +248,25 @@ Event = Union[
 
 
 class Policy(Protocol):
-    """What every routing policy implements (round_robin ... misa_t)."""
+    """What every routing policy implements (round_robin ... misa_t).
+
+    The contract both transports (the live router and the simulator) rely on; a new
+    policy keeps it (``tests/router/test_policy_contract.py`` checks every registered one):
+
+    - **Arrival order.** While an older new session (a session's first request) of a
+      workload class is held, a younger new session of that class is held too: held new
+      sessions of a class are admitted in arrival order. The simulator re-asks only the
+      head of a class's queue and asks the next one the moment the head is admitted.
+    - **Recheck.** A held new session is admitted only after something that can make
+      room reached the policy: a session admitted or ended, a new request held, a metric
+      sample, an instance's health or cache reset, or time passing (an idle session
+      expired). Request start/finish of an admitted session and KV block events do not
+      make room; the simulator does not re-ask a held new session for them. A held
+      request is asked again at least every ``held_refresh_s`` of the simulator.
+    - **Purity.** ``decide`` and ``observe`` read no clock but ``now`` / ``event.now``,
+      and do no I/O; an exception from either is a policy bug, counted by the live
+      router in ``router_policy_errors_total`` and raised by the simulator.
+    """
 
     name: str
 

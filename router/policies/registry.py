@@ -14,12 +14,11 @@ Extra policies (the simulator's ``aimd`` and ``tool_pause``) register themselves
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
-from rl.config import register_user_error
+from common.config import register_user_error
+from common.options import build_options
 from router.policies.base import Policy, RouterConfigError, UnknownOptionError
 
 PolicyFactory = Callable[[Any], Policy]
@@ -104,97 +103,14 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
         RouterConfigError: ill-typed value, or a value the config's own validation rejects.
     """
     factory, config_cls = _lookup(name)
-    config = build_config(config_cls, params, where=f"router policy {canonical_policy_name(name)!r}")
+    config = build_options(config_cls, params, f"router policy {canonical_policy_name(name)!r}",
+                           error=RouterConfigError, unknown_error=UnknownOptionError)
     return factory(config)
-
-
-def build_config(config_cls: type, params: Mapping[str, Any] | None, where: str) -> Any:
-    """Instantiate dataclass ``config_cls`` from ``params``, checking keys and types.
-
-    Raises:
-        UnknownOptionError: an unknown key (the message lists the valid keys).
-        RouterConfigError: a value whose type does not match the field's annotation, or
-            that the dataclass's own validation rejects.
-    """
-    params = dict(params or {})
-    hints = typing.get_type_hints(config_cls)
-    names = [f.name for f in dataclasses.fields(config_cls)]
-    unknown = sorted(set(params) - set(names))
-    if unknown:
-        raise UnknownOptionError(
-            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(names)}"
-        )
-    values = {}
-    for key, value in params.items():
-        values[key] = _coerce(value, hints[key], f"{where}: option {key!r}")
-    try:
-        return config_cls(**values)
-    except RouterConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise RouterConfigError(f"{where}: {exc}") from None
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check ``value`` against annotation ``tp``; ints are accepted for floats."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            try:
-                return _coerce(value, arg, where)
-            except RouterConfigError:
-                continue
-        raise RouterConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-    if tp is type(None):
-        if value is None:
-            return None
-        raise RouterConfigError(f"{where} must be None, got {value!r}")
-    if origin is Literal:
-        if value in args:
-            return value
-        raise RouterConfigError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise RouterConfigError(f"{where} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise RouterConfigError(f"{where} must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise RouterConfigError(f"{where} must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise RouterConfigError(f"{where} must be a string, got {value!r}")
-    if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
-            raise RouterConfigError(f"{where} must be a mapping, got {value!r}")
-        if not args:
-            return dict(value)
-        return {
-            _coerce(k, args[0], f"{where} key"): _coerce(v, args[1], f"{where}[{k!r}]") for k, v in value.items()
-        }
-    if origin is tuple:
-        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-            raise RouterConfigError(f"{where} must be a list, got {value!r}")
-        item_tp = args[0] if args else Any
-        return tuple(_coerce(v, item_tp, f"{where} item") for v in value)
-    raise RouterConfigError(f"{where}: unsupported option type {_type_name(tp)}")
 
 
 def router_params_help(cfg: Any) -> str:
     """What ``router.params`` takes in the composed config ``cfg``: the policy's options
-    (``rl.config`` adds it to the message for an unknown key there)."""
+    (``common.config`` adds it to the message for an unknown key there)."""
     impl, policy = cfg.router.get("impl"), cfg.router.get("policy")
     if impl != "ours" or policy is None:
         keys = ", ".join(str(k) for k in cfg.router if k not in ("impl", "policy", "params"))

@@ -22,9 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
-from rl.config import RECIPES_DIR, Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
-from router.policies import build_config, canonical_policy_name, registered_policy_names
-from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
+from common.config import RECIPES_DIR, Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from common.options import build_options
+from router.policies import canonical_policy_name, registered_policy_names
+from router.sim.errors import SimError, SimUnknownNameError
 from router.sim.experiments import (
     ClusterSpec,
     RunSpec,
@@ -137,8 +138,9 @@ class Experiment:
         raw = OmegaConf.to_container(cfg, resolve=True)
         raw["policy_params"] = _policy_params_by_name(raw["policy_params"])
         self.raw = raw
-        with as_sim_errors():  # unknown keys and ill-typed values of recipes/sim/<name>.yaml
-            self.cluster = build_config(ClusterSpec, raw["sim"], f"sim ({cfg.sim.get('name', '?')})")
+        # unknown keys and ill-typed values of recipes/sim/<name>.yaml
+        self.cluster = build_options(ClusterSpec, raw["sim"], f"sim ({cfg.sim.get('name', '?')})",
+                                     error=SimError, unknown_error=SimUnknownNameError)
         self.seeds = [int(s) for s in cfg.seeds]
         self.bs = int(raw["engine"]["block_size"])
         if cfg.trace:
@@ -247,8 +249,8 @@ class Experiment:
                 raise SimUnknownNameError(f"shapes: no model shape {name!r} (recipes/sim/{name}.yaml); choose from: "
                                           + ", ".join(sorted(p.stem for p in (RECIPES_DIR / "sim").glob("*.yaml"))))
             self.raw["sim"] = OmegaConf.to_container(OmegaConf.load(path))
-            with as_sim_errors():
-                self.cluster = build_config(ClusterSpec, self.raw["sim"], f"sim ({name})")
+            self.cluster = build_options(ClusterSpec, self.raw["sim"], f"sim ({name})",
+                                         error=SimError, unknown_error=SimUnknownNameError)
             self.title = self._title()
             self.out = os.path.join(base_out, name)
             os.makedirs(self.out, exist_ok=True)

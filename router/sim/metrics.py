@@ -10,14 +10,28 @@ last request done).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from router.sim.engine import SimRequest
-    from router.sim.simulator import Simulation
+from router.policies.base import Policy
+from router.sim.engine import Engine, SimRequest
+from router.sim.trainer import Trainer
+
+
+class SimRun(Protocol):
+    """What the metrics read of a run (``router.sim.simulator.Simulation`` is one): a
+    protocol, so that this module does not import the simulator that records into it."""
+
+    now: float
+    engines: Sequence[Engine]
+    trainer: Trainer
+    policy: Policy
+    log: RequestLog
+    cfg: Any  # SimConfig: context_limit_tokens
+    _window: dict[str, float]  # "start" / "stop" / "end" -> time, seconds
+    _window_counters: dict[str, list[tuple]]  # the engines' counters at those times
 
 
 def tv_distance(p: Mapping[str, float], q: Mapping[str, float]) -> float:
@@ -80,7 +94,7 @@ class RequestLog:
             out[f"t_s_{phase}"][b] = float(np.mean([r[0] for r in rows]))
         return out
 
-    def timeline_sample(self, sim: Simulation) -> dict:
+    def timeline_sample(self, sim: SimRun) -> dict:
         """One timeline point: time, KV usage, hit rate since the last point, mixture, backlog, caps."""
         counters = [(e.counters.prefix_queries_tokens, e.counters.prefix_hits_tokens) for e in sim.engines]
         last = self._last_counters or [(0, 0)] * len(counters)
@@ -202,7 +216,7 @@ def policy_caps(state: object, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def summarize(sim: Simulation, n_events: int) -> dict:
+def summarize(sim: SimRun, n_events: int) -> dict:
     """The run's metrics over its window [start, stop] (see module docstring)."""
     w, wc = sim._window, sim._window_counters
     if "start" in w and w["stop"] > w["start"]:

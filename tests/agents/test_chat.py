@@ -25,7 +25,7 @@ def test_trajectory_mask_and_logprobs_stay_aligned():
     t.add_context([1, 2, 3])
     t.add_model([4, 5], [-0.1, -0.2])
     t.add_context([6])
-    assert t.model_mask == [0, 0, 0, 1, 1, 0]
+    assert t.loss_mask == [0, 0, 0, 1, 1, 0]
     assert t.logprobs == [None, None, None, -0.1, -0.2, None]
     with pytest.raises(ValueError, match="log-probs"):
         t.add_model([7], [])

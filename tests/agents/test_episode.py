@@ -9,9 +9,10 @@ import pytest
 from agents.chat import ByteTokenizer, ChatRenderer
 from agents.client import AgentClientError, AgentServerClient, launch_agent_server
 from agents.loop import EpisodeConfig, EpisodeLimits, run_episode
-from rollout.client import ModelClient, SessionHeaders
+from rollout.client import ModelClient
+from router.headers import SessionHeaders
 from agents.scripted import SCRIPTED_LOGPROB, ScriptedServer, tool_call
-from rollout.process import free_port
+from common.process import free_port
 
 BYTE_LIMITS = ["tokenizer=byte", "episode.limits.max_context_tokens=65536",
                "episode.limits.max_tokens_per_turn=4096"]
@@ -19,13 +20,13 @@ BYTE_LIMITS = ["tokenizer=byte", "episode.limits.max_context_tokens=65536",
 
 def check_trajectory(result: dict) -> None:
     """Invariants of any episode result, real model or scripted."""
-    n = len(result["response_token_ids"])
-    assert len(result["response_mask"]) == n == len(result["response_logprobs"])
+    n = len(result["completion_ids"])
+    assert len(result["loss_mask"]) == n == len(result["logprobs"])
     model_tokens = sum(t["completion_tokens"] for t in result["turns"])
-    assert sum(result["response_mask"]) == model_tokens
-    assert all((lp is None) == (m == 0) for lp, m in zip(result["response_logprobs"], result["response_mask"]))
+    assert sum(result["loss_mask"]) == model_tokens
+    assert all((lp is None) == (m == 0) for lp, m in zip(result["logprobs"], result["loss_mask"]))
     # each turn's prompt is the trajectory so far: prompt lengths grow by what was added
-    p0 = len(result["prompt_token_ids"])
+    p0 = len(result["prompt_ids"])
     assert result["turns"][0]["prompt_tokens"] == p0
     for a, b in zip(result["turns"], result["turns"][1:]):
         assert b["prompt_tokens"] > a["prompt_tokens"] + a["completion_tokens"]
@@ -41,7 +42,7 @@ def check_session_headers(requests, result: dict, group_id: str, unit_id: str) -
         assert h["X-Workload-Class"] == "agent"
         assert h["X-Group-Id"] == group_id and h["X-Rollout-Unit"] == unit_id
     assert [h.get("X-Session-End") for h, _ in mine] == [None] * (len(mine) - 1) + ["1"]
-    full = result["prompt_token_ids"] + result["response_token_ids"]
+    full = result["prompt_ids"] + result["completion_ids"]
     for _, body in mine:  # exact ids: every prompt sent is a prefix of the final trajectory
         assert full[: len(body["prompt"])] == body["prompt"]
 
@@ -61,7 +62,7 @@ async def episode_via_agent_server(router_url: str, overrides: list[str], tmp_pa
     assert result["reward"] in (0.0, 1.0)
     check_trajectory(result)
     assert all(isinstance(lp, float) for lp, m in
-               zip(result["response_logprobs"], result["response_mask"]) if m)
+               zip(result["logprobs"], result["loss_mask"]) if m)
     return result
 
 
@@ -71,7 +72,7 @@ async def test_scripted_episode_end_to_end(model_base_url, scripted_server, tmp_
                                             group_id="g-1", unit_id="u-1", policy_version=7)
     assert result["status"] == "submitted" and result["reward"] == 1.0
     assert result["policy_version"] == 7 and "+    return total(xs) / len(xs)" in result["patch"]
-    assert set(result["response_logprobs"]) == {None, SCRIPTED_LOGPROB}
+    assert set(result["logprobs"]) == {None, SCRIPTED_LOGPROB}
     check_session_headers(scripted_server.requests, result, "g-1", "u-1")
 
 
@@ -135,7 +136,7 @@ async def test_malformed_model_output_never_crashes_the_episode(handmade_tasks):
     problems = [p for t in result.turns for p in t.problems]
     assert len(problems) == 4
     assert result.turns[4].finish_reason == "length"
-    text = ByteTokenizer().decode(result.response_token_ids)
+    text = ByteTokenizer().decode(result.completion_ids)
     assert "outside the workspace" in text and "Unknown tool 'explode'" in text
 
 
@@ -144,7 +145,7 @@ async def test_context_limit_stops_before_overflowing(handmade_tasks):
         lambda s, turn, p: tool_call("bash", command="seq 1 300"),
         handmade_tasks["handmade__stats_mean"], EpisodeLimits(max_turns=50, max_context_tokens=6000))
     assert result.status == "context_limit"
-    assert len(result.prompt_token_ids) + len(result.response_token_ids) <= 6000
+    assert len(result.prompt_ids) + len(result.completion_ids) <= 6000
     assert server.requests[-1][0]["X-Session-End"] == "1"
 
 

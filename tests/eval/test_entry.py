@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import compose
+from common.config import compose
 from rl.eval import run
 from tests.conftest import GSM8K_TINY
 
@@ -203,7 +203,7 @@ def test_router_check_wants_an_answer_and_the_served_model(fake_model, monkeypat
 
 
 def test_evaluation_that_scores_nothing_exits_1_after_writing_its_report(fake_model, tmp_path):
-    from rl.config import RunFailedError, user_error_exit_code
+    from common.config import RunFailedError, user_error_exit_code
 
     gsm = tmp_path / "test.jsonl"
     gsm.write_text(json.dumps({"question": "FAIL_500 2 + 3?", "answer": "#### 5"}) + "\n")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import rl.data.gsm8k as gsm8k
-from rl.config import compose
+from common.config import compose
 from rl.data import DataError, GSM8KSource
 from rl.evaluation import EvalError, gsm8k_benchmark
 

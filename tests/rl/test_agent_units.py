@@ -4,7 +4,7 @@ single-turn classes."""
 
 import pytest
 
-from rl.config import ConfigError, compose
+from common.config import ConfigError, compose
 from rl.data.base import Prompt
 from rl.sampler import RolloutUnit
 
@@ -36,13 +36,14 @@ class RecordingAgentClient:
     async def run_episode(self, **request):
         self.requests.append(request)
         return {"status": "submitted", "reward": 1.0, "instance_id": request["instance_id"],
-                "prompt_token_ids": [1, 2], "response_token_ids": [3, 4],
-                "response_mask": [1, 1], "response_logprobs": [-0.5, -0.25],
-                "turns": [{"tool_calls": ["submit"]}], "model_s": 0.1, "tool_s": 0.0}
+                "prompt_ids": [1, 2], "completion_ids": [3, 4],
+                "loss_mask": [1, 1], "logprobs": [-0.5, -0.25],
+                "turns": [{"prompt_tokens": 2, "completion_tokens": 2, "model_s": 0.1, "tool_s": 0.0, "tool_calls": ["submit"]}], "model_s": 0.1, "tool_s": 0.0,
+                "eval_s": 0.0, "wall_s": 0.1, "session_id": request["session_id"]}
 
 
 async def test_agent_episodes_sample_with_the_trainers_sampling():
-    from rollout.workers import AgentWorker
+    from rl.workers import AgentWorker
 
     unit = RolloutUnit("u0", "s0", "g0", "agent", "swe", 0,
                        Prompt("swe/x", "swe", (), metadata={"instance_id": "x"}))

@@ -26,7 +26,8 @@ def _engine_samples(url: str, learner, advantages=(1.0, -1.0)):
     """One completion per prompt from the engine (temperature 1), as TrainSamples with
     the engine's log-probs, stamped with the learner's current version."""
     from rl.grpo import TrainSample
-    from rollout.client import ModelClient, SessionHeaders
+    from rollout.client import ModelClient
+    from router.headers import SessionHeaders
 
     tok = learner.tokenizer
     end = tok.convert_tokens_to_ids(tok.eos_token)
@@ -62,7 +63,7 @@ def test_mismatch_is_near_zero_after_a_sync_and_clear_when_the_engine_is_stale(r
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(model_path)
     sync = HttpReloadSync([real_engine_url], WeightSyncConfig(shm_dir=f"{shm}/misa-rl-test-mismatch"))
     try:
-        sync.sync(learner.save_weights, policy_version=learner.version)
+        sync.sync(learner, policy_version=learner.version)
         in_sync = learner.step(_engine_samples(real_engine_url, learner))
         assert in_sync["mismatch/tokens"] > 0
         assert in_sync["mismatch/logprob_abs_diff"] < 1e-3, in_sync

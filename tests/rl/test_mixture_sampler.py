@@ -204,7 +204,7 @@ def _trainer_recipe() -> dict:
     from the tests' tiny fixture (the real file lies outside the repository)."""
     from omegaconf import OmegaConf
 
-    from rl.config import compose
+    from common.config import compose
     from tests.conftest import GSM8K_TINY
 
     return OmegaConf.to_container(compose("train", ["run_dir=runs/test",

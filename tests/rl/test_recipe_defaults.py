@@ -4,7 +4,7 @@ recipes/recipe/mixed_step.yaml and bench/rlvr_settings.py)."""
 
 from omegaconf import OmegaConf
 
-from rl.config import compose
+from common.config import compose
 
 
 def test_default_recipe_resolves_to_the_learning_settings():
@@ -32,7 +32,7 @@ def test_default_recipe_passes_the_pre_start_checks():
 def test_a_release_factor_below_one_is_refused_before_start():
     import pytest
 
-    from rl.config import ConfigError
+    from common.config import ConfigError
     from rl.train import validate_trainer_cfg
 
     cfg = compose("train", ["run_dir=runs/test", "trainer.dynamic_sampling.max_release_factor=0.5"])

@@ -71,7 +71,7 @@ def _samples(learner: Learner) -> list[TrainSample]:
 
 
 def _launch(n: int, scenario: str, work: Path, model: Path) -> list[subprocess.Popen]:
-    from rollout.process import free_port
+    from common.process import free_port
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
            "WORLD_SIZE": str(n), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

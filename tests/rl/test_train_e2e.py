@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rl.config import REPO_ROOT
+from common.config import REPO_ROOT
 from tests.conftest import GSM8K_TINY_OVERRIDE
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 from omegaconf import OmegaConf
 
-from rl.config import compose
+from common.config import compose
 from rl.data import make_source
 from rl.data.arithmetic import ANSWER_FORMAT
 from rl.evaluation import arithmetic_heldout_benchmark

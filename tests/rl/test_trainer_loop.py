@@ -17,8 +17,8 @@ from rl.data import ArithmeticSource, InstructionSource
 from rl.data.agent_tasks import AgentTaskSource
 from rl.mixture import MixtureLedger
 from rl.sampler import MixtureSampler, WorkloadClassSpec
-from rl.trainer import Trainer
-from rollout.workers import UnitResult
+from rl.trainer import Trainer, trainer_config
+from rl.workers import UnitResult
 
 RHO = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
 
@@ -115,8 +115,10 @@ class FakeSync:
 
 def trainer(tmp_path, cfg, workers=None, learner=None, sync=None):
     w = make_worker()
-    return Trainer(cfg, sampler(), MixtureLedger(RHO), learner or FakeLearner(),
-                   workers or {"agent": w, "rlvr": w, "rlhf": w}, [], None, sync, tmp_path)
+    return Trainer(trainer_config(cfg), sampler=sampler(), ledger=MixtureLedger(RHO),
+                   learner=learner or FakeLearner(),
+                   workers=workers or {"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[],
+                   router_url=None, weight_sync=sync, run_dir=tmp_path)
 
 
 def books_balance(ledger: MixtureLedger) -> bool:
@@ -249,8 +251,10 @@ def test_evaluation_runs_every_k_steps_and_lands_in_the_metrics(tmp_path):
         return {"eval/arithmetic/pass@1": 0.25}
 
     w = make_worker()
-    t = Trainer(tcfg(iterations=4, eval_every=2), sampler(), MixtureLedger(RHO), FakeLearner(),
-                {"agent": w, "rlvr": w, "rlhf": w}, [], None, None, tmp_path, evaluate=evaluate)
+    t = Trainer(trainer_config(tcfg(iterations=4, eval_every=2)), sampler=sampler(),
+                ledger=MixtureLedger(RHO), learner=FakeLearner(),
+                workers={"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[], router_url=None,
+                weight_sync=None, run_dir=tmp_path, evaluate=evaluate)
     history = asyncio.run(t.run())
     assert calls == [2, 4]
     assert [h.get("eval/arithmetic/pass@1") for h in history] == [None, 0.25, None, 0.25]
@@ -325,7 +329,7 @@ def test_drops_beyond_the_first_few_per_reason_go_into_one_summary_line(caplog):
 
 def test_loop_goes_on_when_the_agent_server_never_answers(tmp_path):
     from agents.client import AgentServerClient
-    from rollout.workers import AgentWorker
+    from rl.workers import AgentWorker
     from tests.rollout.test_workers import hanging_agent_server
 
     async def go():

@@ -9,7 +9,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import ConfigError, compose
+from common.config import ConfigError, compose
 from rollout.engines import EngineError, engine_env, gpu_placement
 from tests.conftest import GSM8K_TINY_OVERRIDE
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from rollout.engines import EngineError, cpu_core_split, validate_engine_cfg
-from rollout.process import ManagedProcess, ProcessStartError, free_port
+from common.process import ManagedProcess, ProcessStartError, free_port
 from tests.processes import MARKER_ENV, kill_marked, marked_processes, new_marker, wait_until_gone
 
 # A tiny HTTP server that also forks a grandchild (as vLLM's API server forks its engine core).
@@ -103,7 +103,7 @@ def test_children_and_grandchildren_die_when_the_parent_is_killed(tmp_path):
     parent_code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from rollout.process import ManagedProcess
+        from common.process import ManagedProcess
         p = ManagedProcess("srv", [sys.executable, "-c", {_SERVER!r}, "{port}"],
                            Path({str(tmp_path / 'srv.log')!r}),
                            health_url="http://127.0.0.1:{port}/",

@@ -45,8 +45,17 @@ def _sync(tmp_path, fake, **cfg):
     return HttpReloadSync([E1, E2], c, client=httpx.Client(transport=httpx.MockTransport(fake)))
 
 
-def _write(folder: Path):
-    (folder / "model.safetensors").write_bytes(b"weights")
+class WritesWeights:
+    """A weight source (the learner's part a sync reads) writing ``payload`` as the model file."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    def save_weights(self, folder: Path):
+        (folder / "model.safetensors").write_bytes(self.payload)
+
+
+_write = WritesWeights(b"weights")
 
 
 def test_each_engine_is_paused_reloaded_reset_and_resumed_in_order(tmp_path):
@@ -108,7 +117,7 @@ def test_bad_options_are_rejected():
 def test_nccl_sync_needs_connect_and_a_gpu():
     s = NcclWeightSync([E1], cfg=WeightSyncConfig(method="nccl"))
     with pytest.raises(WeightSyncError, match="connect"):
-        s.sync({}, 1)
+        s.sync(_write, 1)
     import torch
     if not torch.cuda.is_available():
         with pytest.raises(WeightSyncError, match="CUDA"):
@@ -165,8 +174,7 @@ class SlowPauseEngine:
         self._loop.close()
 
 
-def _write_big(folder: Path):
-    (folder / "model.safetensors").write_bytes(b"w" * 1024)
+_write_big = WritesWeights(b"w" * 1024)
 
 
 def test_pause_that_times_out_still_resumes_the_engine_and_removes_the_folder(tmp_path):
@@ -256,7 +264,7 @@ def test_sync_changes_greedy_output_and_resets_prefix_cache(real_engine_url, mod
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else model_path
     sync = HttpReloadSync([real_engine_url], WeightSyncConfig(shm_dir=f"{shm}/misa-rl-test-sync"))
     try:
-        report = sync.sync(learner.save_weights, policy_version=1)
+        report = sync.sync(learner, policy_version=1)
     finally:
         sync.close()
     assert report.engines[0].load_s > 0
@@ -305,7 +313,7 @@ def test_engine_log_probs_equal_learners_after_every_parameter_changed(real_engi
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else model_path
     sync = HttpReloadSync([real_engine_url], WeightSyncConfig(shm_dir=f"{shm}/misa-rl-test-logp"))
     try:
-        sync.sync(learner.save_weights, policy_version=1)
+        sync.sync(learner, policy_version=1)
     finally:
         sync.close()
     learner.model.eval()

@@ -15,8 +15,9 @@ from agents.client import AgentClientError, AgentServerClient
 from rl.data import ArithmeticSource
 from rl.data.agent_tasks import AgentTaskSource
 from rl.sampler import MixtureSampler, WorkloadClassSpec
-from rollout.client import ClientError, ModelCallError, ModelClient, RolloutClient, SessionHeaders
-from rollout.workers import AgentWorker, SingleTurnWorker
+from rollout.client import ClientError, ModelCallError, ModelClient, RolloutClient
+from router.headers import SessionHeaders
+from rl.workers import AgentWorker, SingleTurnWorker
 
 END = 99
 
@@ -175,3 +176,50 @@ def test_hung_agent_unit_is_dropped_with_reason_agent_timeout():
     assert not res.ok and res.drop_reason == "agent_timeout"
     assert "no answer within 0.2 s" in res.error
     json.dumps(res.info)  # the result stays loggable
+
+
+def _agent_worker_on(body: dict):
+    """The unit result of an AgentWorker whose agent server answers ``body``."""
+    async def go():
+        client = AgentServerClient("http://agents:8200")
+        await client.http.aclose()
+        client.http = httpx.AsyncClient(transport=httpx.MockTransport(
+            lambda request: httpx.Response(200, json=body)))
+        try:
+            return await AgentWorker(client, "http://router:9000", "m").run(_unit("agent"))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def _episode(**fields):
+    from agents.loop import EpisodeResult, TurnRecord
+
+    base = dict(session_id="s", instance_id="t1", status="submitted", reward=1.0,
+                prompt_ids=[1, 2], completion_ids=[3, 4, 5], loss_mask=[1, 0, 1],
+                logprobs=[-0.5, None, -0.25], turns=[TurnRecord(2, 1, 0.1), TurnRecord(4, 1, 0.1)],
+                model_s=0.2, tool_s=0.3, eval_s=0.1, wall_s=0.7, patch="diff")
+    return EpisodeResult(**{**base, **fields}).to_dict()
+
+
+def test_agent_episode_becomes_a_scored_unit_with_its_trajectory():
+    res = _agent_worker_on(_episode())
+    assert res.ok and res.reward == 1.0 and res.drop_reason == ""
+    assert (res.prompt_ids, res.completion_ids, res.loss_mask) == ([1, 2], [3, 4, 5], [1, 0, 1])
+    assert res.logprobs == [-0.5, 0.0, -0.25]  # off the mask: no engine log-prob
+    assert res.num_requests == 2 and (res.model_s, res.tool_s) == (0.2, 0.3)
+    assert res.info == {"status": "submitted", "instance_id": "t1"}
+
+
+def test_agent_episode_that_failed_in_the_sandbox_is_dropped_with_its_status():
+    res = _agent_worker_on(_episode(status="sandbox_error", error="bwrap failed"))
+    assert not res.ok and res.drop_reason == "agent_sandbox_error" and res.error == "bwrap failed"
+
+
+def test_malformed_agent_server_answer_is_a_dropped_unit_not_a_crash():
+    body = _episode()
+    del body["completion_ids"]
+    res = _agent_worker_on(body)
+    assert not res.ok and res.drop_reason == "agent_server_error"
+    assert "completion_ids" in res.error

@@ -10,13 +10,13 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import compose
+from common.config import compose
 from rollout.engines import EngineError, validate_engine_cfg
 from router.launch import REPO_ROOT, router_argv
 from router.policies import RoundRobinPolicy
 from router.policies.base import RouterConfigError
 from router.server import RouterService
-from router.urls import engine_urls_problem, kv_event_endpoints_problem, url_problem, zmq_endpoint_problem
+from common.urls import engine_urls_problem, kv_event_endpoints_problem, url_problem, zmq_endpoint_problem
 
 BAD_URLS = [
     ("notaurl", "no scheme"),

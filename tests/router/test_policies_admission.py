@@ -20,7 +20,8 @@ from router.policies.base import (
     RequestStarted,
     SessionEnded,
 )
-from router.policies.session_admission import OverloadControl, SessionAdmissionConfig
+from router.policies.overload import OverloadControl
+from router.policies.session_admission import SessionAdmissionConfig
 
 METRICS = InstanceMetrics(num_blocks=100, block_size=16)  # C_w = 0.9 * 100 = 90 blocks
 

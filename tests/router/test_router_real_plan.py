@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.router_real import MIXTURE, cpu_classes, plan_runs
-from rl.config import REPO_ROOT
+from common.config import REPO_ROOT
 from router.sim.workload import WorkloadConfig, generate_trace, request_quantiles
 
 

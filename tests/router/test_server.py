@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rl.config import RECIPES_DIR
+from common.config import RECIPES_DIR
 from router.__main__ import CONFIG_NAME
 from router.policies import RoundRobinPolicy
 from router.policies.base import AllBlocksCleared, Hold, RequestFinished, RequestStarted, SessionEnded
-from router.server import RouterService, ServiceConfig, build_service
+from router.server import RouterService, build_service
+from router.service_config import ServiceConfig
 from tests.router.fake_engine import running_engines
 
 
@@ -514,3 +516,39 @@ async def test_malformed_http_from_a_client_is_one_warning_line_not_a_traceback(
     records = [r for r in caplog.records if r.name == "aiohttp.server"]
     assert [r.levelname for r in records] == ["WARNING"]
     assert "malformed HTTP (answered 400)" in records[0].getMessage() and records[0].exc_info is None
+
+
+class FailingPolicy(RecordingPolicy):
+    """round_robin whose observe() raises on every RequestFinished, and whose decide()
+    raises for the session ``boom``: a policy bug, as the live router sees it."""
+
+    def decide(self, request, view, now):
+        if request.session_id == "boom":
+            raise ZeroDivisionError("policy bug")
+        return super().decide(request, view, now)
+
+    def observe(self, event) -> None:
+        super().observe(event)
+        if isinstance(event, RequestFinished):
+            raise KeyError("policy bug")
+
+
+async def test_policy_exceptions_are_counted_in_metrics(engines):
+    service = await start_router(engines, FailingPolicy())
+    try:
+        async with httpx.AsyncClient(base_url=service.url) as client:
+            ok = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+            bad = await client.post("/v1/completions", json={"model": "m", "prompt": "p"},
+                                    headers={"X-Session-Id": "boom"})
+            for _ in range(200):  # RequestFinished is reported once the client has the answer
+                metrics = (await client.get("/metrics")).text
+                if 'router_policy_errors_total{call="observe"}' in metrics:
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        await service.stop()
+    assert ok.status_code == 200  # an observe() bug is logged and counted; the request is served
+    assert bad.status_code == 500 and "ZeroDivisionError" in bad.text
+    assert 'router_policy_errors_total{call="decide"} 1.0' in metrics
+    observe_errors = re.search(r'router_policy_errors_total\{call="observe"\} (\S+)', metrics)
+    assert observe_errors and float(observe_errors.group(1)) >= 1.0

@@ -11,7 +11,8 @@ import pytest
 
 from router.policies import RoundRobinPolicy
 from router.policies.base import RequestStarted
-from router.server import RouterService, ServiceConfig
+from router.server import RouterService
+from router.service_config import ServiceConfig
 from router.tokenize import PromptTokenizer
 
 NO_ENGINES = ["http://127.0.0.1:9", "http://127.0.0.1:10"]  # discard ports: nothing answers

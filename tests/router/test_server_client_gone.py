@@ -10,7 +10,8 @@ import httpx
 
 from router.policies import RoundRobinPolicy, make_policy
 from router.policies.base import Hold, RequestFinished
-from router.server import RouterService, ServiceConfig
+from router.server import RouterService
+from router.service_config import ServiceConfig
 from tests.router.fake_engine import running_engines
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import RECIPES_DIR
+from common.config import RECIPES_DIR
 from router.launch import REPO_ROOT, router_argv, start_router
 from tests.conftest import GSM8K_TINY_OVERRIDE
 from tests.router.fake_engine import running_engines
@@ -77,6 +77,9 @@ def test_vllm_router_argv_carries_recipe_thresholds():
         ("router=round-robin engines.urls=[http://127.0.0.1:1] engines.max_retries=abc", 2,
          "engines.max_retries must be a number"),
         ("router=round-robin engines.urls=[http://127.0.0.1:1] server.port=-1", 2, "server.port must be a TCP port"),
+        # the service's idle timeout was renamed (not the policy's idle_timeout_s): never ignored
+        ("sessions.idle_timeout_s=5", 2, "'sessions.idle_timeout_s' was renamed 'sessions.forget_idle_s'"),
+        ("+sessions.idle_timeout_s=5", 2, "'sessions.idle_timeout_s' was renamed 'sessions.forget_idle_s'"),
     ],
 )
 def test_config_mistake_gives_one_line_and_no_traceback(override, code, expected):

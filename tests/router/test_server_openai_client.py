@@ -12,7 +12,8 @@ import pytest
 
 from router.policies import RoundRobinPolicy
 from router.policies.base import RequestStarted
-from router.server import RouterService, ServiceConfig
+from router.server import RouterService
+from router.service_config import ServiceConfig
 from router.tokenize import PromptTokenizer
 from tests.router.conftest import save_word_tokenizer
 from tests.router.fake_engine import running_engines

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import httpx
 
 from agents.client import AgentClientError, AgentServerClient
+from agents.loop import EpisodeResult
 from rollout.client import ModelCallError, ModelClient
 from rl.grpo import TrainSample
 from rl.sampler import RolloutUnit
@@ -149,25 +150,25 @@ class AgentWorker:
     async def run(self, unit: RolloutUnit) -> UnitResult:
         iid = unit.prompt.metadata.get("instance_id")
         try:
-            ep = await self.client.run_episode(
+            ep = EpisodeResult.from_dict(await self.client.run_episode(
                 instance_id=iid, session_id=unit.session_id, group_id=unit.group_id,
                 unit_id=unit.unit_id, policy_version=unit.policy_version,
                 router_url=self.router_url, model=self.model, limits=self.limits,
-                **({"sampling": self.sampling} if self.sampling is not None else {}))
-        except (AgentClientError, OSError, httpx.HTTPError) as e:
+                **({"sampling": self.sampling} if self.sampling is not None else {})))
+        except (AgentClientError, OSError, httpx.HTTPError, ValueError) as e:
             timed_out = isinstance(e, httpx.TimeoutException) or isinstance(
                 e.__cause__, httpx.TimeoutException)
             return UnitResult(unit, False, error=str(e) or type(e).__name__,
                               drop_reason="agent_timeout" if timed_out else "agent_server_error",
                               finished_at_s=time.monotonic())
-        failed = ep["status"] in ("model_error", "sandbox_error")
-        ok = not failed and bool(ep["response_token_ids"])
-        reason = "" if ok else f"agent_{ep['status']}" if failed else "agent_empty_trajectory"
+        failed = ep.status in ("model_error", "sandbox_error")
+        ok = not failed and bool(ep.completion_ids)
+        reason = "" if ok else f"agent_{ep.status}" if failed else "agent_empty_trajectory"
         return UnitResult(
-            unit, ok, reward=float(ep["reward"]) if ok else 0.0,
-            prompt_ids=ep["prompt_token_ids"], completion_ids=ep["response_token_ids"],
-            logprobs=[lp if lp is not None else 0.0 for lp in ep["response_logprobs"]],
-            loss_mask=ep["response_mask"], text=ep.get("patch", "")[:2000],
-            num_requests=len(ep["turns"]), model_s=ep["model_s"], tool_s=ep["tool_s"],
-            finished_at_s=time.monotonic(), error=ep.get("error", ""), drop_reason=reason,
-            info={"status": ep["status"], "instance_id": ep["instance_id"]})
+            unit, ok, reward=float(ep.reward) if ok else 0.0,
+            prompt_ids=ep.prompt_ids, completion_ids=ep.completion_ids,
+            logprobs=[lp if lp is not None else 0.0 for lp in ep.logprobs],
+            loss_mask=ep.loss_mask, text=ep.patch[:2000],
+            num_requests=len(ep.turns), model_s=ep.model_s, tool_s=ep.tool_s,
+            finished_at_s=time.monotonic(), error=ep.error, drop_reason=reason,
+            info={"status": ep.status, "instance_id": ep.instance_id})

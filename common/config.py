@@ -122,6 +122,30 @@ def _keys_at(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:
     return ".".join(path), sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
 
 
+# A key a part renamed -> its new name (``register_renamed_key``); a command or recipe that
+# still gives the old key is refused with one line naming the new one, never ignored.
+_RENAMED_KEYS: dict[str, str] = {}
+
+
+def register_renamed_key(old_key: str, new_key: str) -> None:
+    """Refuse the dotted config key ``old_key`` (``sessions.idle_timeout_s``) wherever it is
+    given, as an override (``key=``, ``+key=``) or in a composed recipe, with a ``ConfigError``
+    that names ``new_key``."""
+    _RENAMED_KEYS[old_key] = new_key
+
+
+def _renamed_key_message(key: str) -> str:
+    new = _RENAMED_KEYS[key]
+    return f"config key '{key}' was renamed '{new}': give {new}=... instead"
+
+
+def refuse_renamed_keys(cfg: DictConfig) -> None:
+    """Raise ``ConfigError`` when ``cfg`` still holds a key ``register_renamed_key`` retired."""
+    for old in _RENAMED_KEYS:
+        if OmegaConf.select(cfg, old, default="__missing__") != "__missing__":
+            raise ConfigError(_renamed_key_message(old))
+
+
 def compose(config_name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False) -> DictConfig:
     """Compose ``recipes/<config_name>.yaml`` with command-line ``overrides``.
 
@@ -130,7 +154,8 @@ def compose(config_name: str, overrides: Sequence[str] = (), return_hydra_config
 
     Raises:
         ConfigError: an override names an unknown key or group option, or is malformed;
-            the message names it and lists the valid keys or options.
+            the message names it and lists the valid keys or options (a renamed key: its
+            new name).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -142,8 +167,10 @@ def compose(config_name: str, overrides: Sequence[str] = (), return_hydra_config
     try:
         with initialize_config_dir(config_dir=str(RECIPES_DIR), version_base=None):
             try:
-                return hydra_compose(config_name=config_name, overrides=overrides,
-                                     return_hydra_config=return_hydra_config)
+                cfg = hydra_compose(config_name=config_name, overrides=overrides,
+                                    return_hydra_config=return_hydra_config)
+                refuse_renamed_keys(cfg)
+                return cfg
             except MissingConfigException as e:
                 raise ConfigError(_missing_option_message(e, overrides)) from None
             except OverrideParseException as e:
@@ -203,6 +230,8 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
         key = o.split("=", 1)[0].lstrip("~")
         if _is_group(key):
             continue
+        if key in _RENAMED_KEYS:
+            return _renamed_key_message(key)
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             section = next((sec for sec in _SECTION_HELP if key.startswith(sec + ".")), None)
             if section is not None:
