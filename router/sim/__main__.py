@@ -237,7 +237,7 @@ class Experiment:
     # ------------------------------------------------------------------ experiments
     def table5(self) -> None:
         """Table 5 on each of ``shapes`` (default: the ``sim`` group's shape), one folder each
-        when there are several; the headlines are printed last, one line per shape."""
+        when there are several; the headlines are printed last, one line per shape and policy."""
         names = list(self.cfg.shapes or [])
         if not names:
             print(self._table5_one())
@@ -255,7 +255,7 @@ class Experiment:
             self.out = os.path.join(base_out, name)
             os.makedirs(self.out, exist_ok=True)
             self.completed = []  # an interruption keeps this shape's finished runs; earlier shapes are written
-            heads.append(f"[{name}] " + self._table5_one())
+            heads += [f"[{name}] " + line for line in self._table5_one().splitlines()]
         self.out = base_out
         print("\n".join(heads))
 
@@ -270,15 +270,15 @@ class Experiment:
         sweeps = {b: [f"{b}@{self.ceiling(x)}" for x in c.sweep_ceilings] for b in ("vllm_router", "cache_aware")}
         plan = [(lb, b, self.ceiling(x)) for b, labels in sweeps.items() for lb, x in zip(labels, c.sweep_ceilings)]
         plan += [("vllm_router (128K-safe)", "vllm_router", safe)]
-        plan += [(p, p, high) for p in ("session_admission", "misa", "misa_t", "aimd", "tool_pause")]
+        plan += [(p, p, high) for p in ("session_admission", "misa", "misa_t", "kv_horizon", "aimd", "tool_pause")]
         plan += [("vllm_router (high load)", "vllm_router", high)]
         specs = [self.spec(lb, p, ceil, s) for lb, p, ceil in plan for s in self.seeds]
         results = self.run(specs, f"table5 {c.name}")
         agg = aggregate(results)
         base = best_sweep_label(agg, sweeps["vllm_router"])
         exact = best_sweep_label(agg, sweeps["cache_aware"])
-        order = ["vllm_router (128K-safe)", base, exact, "session_admission", "misa", "misa_t", "aimd",
-                 "tool_pause", "vllm_router (high load)"]
+        order = ["vllm_router (128K-safe)", base, exact, "session_admission", "misa", "misa_t", "kv_horizon",
+                 "aimd", "tool_pause", "vllm_router (high load)"]
         table = "\n\n".join([
             table5_markdown(agg, base, order, f"Table 5 ({self.title}); baseline: sweep-tuned {base}"),
             table5_markdown(agg, exact, order, f"Table 5 ({self.title}); baseline: sweep-tuned {exact} "
@@ -289,7 +289,9 @@ class Experiment:
             table5_markdown(agg, base, sweeps["vllm_router"], "The static-ceiling sweep of vllm_router"),
             table5_markdown(agg, exact, sweeps["cache_aware"], "The static-ceiling sweep of cache_aware (exact index)"),
         ])
-        head = headline(agg, "misa_t", base, "vllm_router (sweep-tuned)")
+        # the project's own policy (issue 15) first; the paper's misa_t is the last line
+        head = (headline(agg, "kv_horizon", base, "vllm_router (sweep-tuned)") + "\n"
+                + headline(agg, "misa_t", base, "vllm_router (sweep-tuned)"))
         self.write(results, agg, table + "\n\n" + head,
                    {"baseline": base, "exact_baseline": exact, "safe_ceiling": safe, "permissive_ceiling": high,
                     "headline": head})

@@ -64,6 +64,8 @@ def test_table5_reports_both_baselines_the_composition_and_ends_with_the_headlin
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith("misa_t vs vllm_router (sweep-tuned): ") and "samples/min" in last
     assert "output tokens/min" in last
+    before = p.stdout.strip().splitlines()[-2]  # the project's own policy (issue 15) beside it
+    assert before.startswith("kv_horizon vs vllm_router (sweep-tuned): ") and "samples/min" in before
     table = next(tmp_path.glob("table5-*/table.md")).read_text()
     assert "baseline: sweep-tuned vllm_router@" in table and "baseline: sweep-tuned cache_aware@" in table
     assert "Composition of the completed samples" in table and "| total |" in table
