@@ -118,14 +118,15 @@ class RouterRun:
         return cfg
 
     def sim_policy(self):
-        """The same policy for the simulator (the vLLM Router's cache_aware matches on the
-        simulator's exact prefix index: the simulator has no text)."""
+        """The same policy for the simulator. The real vLLM Router is its point-by-point
+        mimic ``vllm_router`` (router/policies/vllm_router.py: an approximate text tree per
+        worker, never told about evictions) with the thresholds this run launched it with;
+        the simulator synthesises the prompt text it matches on (router/sim/prompt_text.py)."""
         if self.impl == "vllm":
             cfg = self.router_cfg()
-            return make_policy("cache_aware", {
-                "match_from": "prefix_index", "cache_threshold": cfg["cache_threshold"],
-                "balance_abs_threshold": cfg["balance_abs_threshold"],
-                "balance_rel_threshold": cfg["balance_rel_threshold"]})
+            return make_policy("vllm_router", {
+                k: cfg[k] for k in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
+                                    "eviction_interval_s", "max_tree_size") if k in cfg})
         return make_policy(self.policy, self.router_cfg()["params"])
 
 

@@ -20,9 +20,13 @@ def test_plan_sweeps_the_vllm_router_then_runs_every_router_at_the_permissive_ce
         ("ours", "session_admission", 32, False), ("ours", "misa", 32, False), ("ours", "misa_t", 32, False)]
     assert runs[0].router_cfg()["impl"] == "vllm"
     assert runs[-1].router_cfg()["policy"] == "misa_t"
-    # The simulator gets the same policies (the vLLM Router as cache_aware on the exact index).
-    assert [r.sim_policy().name for r in runs] == ["cache_aware"] * 4 + ["round_robin", "session_admission",
+    # The simulator gets the same policies: the vLLM Router as its mimic on synthetic text,
+    # with the thresholds the real one was launched with.
+    assert [r.sim_policy().name for r in runs] == ["vllm_router"] * 4 + ["round_robin", "session_admission",
                                                                         "misa", "misa_t"]
+    mimic, launched = runs[0].sim_policy(), runs[0].router_cfg()
+    assert (mimic.config.cache_threshold, mimic.config.balance_abs_threshold, mimic.config.balance_rel_threshold) \
+        == (launched["cache_threshold"], launched["balance_abs_threshold"], launched["balance_rel_threshold"])
     # The permissive ceiling already swept is not run twice.
     assert len(plan_runs([8, 32], 32, ["misa_t"])) == 3
 
