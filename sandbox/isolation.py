@@ -89,18 +89,26 @@ _CHECK_CALLER = '[ "$PPID" = "$1" ] || exit 137; shift; exec "$@"'
 _WATCH_CALLER = '(read _ < "/proc/self/fd/$1"; kill -9 -1) & shift; exec "$@"'
 
 
-def dies_with_caller(argv: list[str]) -> list[str]:
-    """``argv`` prefixed so that it is SIGKILLed when the calling process dies, from the
-    first instruction on (``setpriv --pdeathsig KILL`` plus the parent check above).
+def dies_with_caller(argv: list[str], *, pdeathsig: bool = True) -> list[str]:
+    """``argv`` prefixed so that it does not start when the calling process is already gone
+    (the parent check above) and, with ``pdeathsig``, is SIGKILLed when the caller dies,
+    from the first instruction on (``setpriv --pdeathsig KILL``).
 
     Together with bwrap's ``--die-with-parent`` and ``--unshare-pid`` (the kernel kills
     a PID namespace with its PID 1) and the in-sandbox watcher, no process outlives its
     caller. Caveat: the signal follows the *thread* that started the child
     (``PR_SET_PDEATHSIG``); start sandboxes from a thread that outlives them (the event
     loop's).
+
+    ``pdeathsig=False`` is for a bwrap whose sandbox runs the watcher: a bwrap SIGKILLed
+    between cloning its PID-1 child and releasing it leaves that child blocked for ever on
+    its setup eventfd, before ``--die-with-parent`` is armed and before the watcher exists
+    (seen under load: a ``bwrap`` with PPid 1, NSpid 1, in read(2) on fd 5, no children).
+    Left alive, the outer bwrap finishes its setup, the watcher sees the caller's pipe at
+    EOF and kills the sandbox, and both bwraps exit with their children.
     """
-    return ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "/bin/sh", "-c", _CHECK_CALLER,
-            "sh", str(os.getpid()), *argv]
+    check = ["/bin/sh", "-c", _CHECK_CALLER, "sh", str(os.getpid()), *argv]
+    return ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *check] if pdeathsig else check
 
 
 @dataclass(frozen=True)
@@ -201,7 +209,7 @@ class IsolationConfig:
         inner = limits.prlimit_argv(nproc) + ["/bin/sh", "-c", command]
         if self.unsafe_no_isolation:
             return dies_with_caller(inner)
-        argv = dies_with_caller([self.bwrap_path()])
+        argv = dies_with_caller([self.bwrap_path()], pdeathsig=alive_fd is None)
         argv += ["--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib64", "sbin"):
             target = Path("/") / link
