@@ -181,9 +181,9 @@ def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
             published.set()
 
     learner, w = FakeLearner(), make_worker(hold=hold)
-    t = Trainer(tcfg(max_staleness=1, iterations=6, groups_per_step=1), sampler(),
-                MixtureLedger(RHO), learner, {"agent": w, "rlvr": w, "rlhf": w}, [], None, None,
-                tmp_path, log=on_iteration)
+    t = Trainer(trainer_config(tcfg(max_staleness=1, iterations=6, groups_per_step=1)), sampler=sampler(),
+                ledger=MixtureLedger(RHO), learner=learner, workers={"agent": w, "rlvr": w, "rlhf": w},
+                engine_urls=[], router_url=None, weight_sync=None, run_dir=tmp_path, log=on_iteration)
     history = asyncio.run(t.run())
     assert len(held) == 1 and published.is_set()
     assert sum(h["dropped_stale"] for h in history) == 2  # the held group's 2 units, no other

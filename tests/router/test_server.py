@@ -367,7 +367,8 @@ def test_every_router_recipe_names_a_policy_and_impl():
     from omegaconf import OmegaConf
 
     recipes = {p.stem: OmegaConf.load(p) for p in (RECIPES_DIR / "router").glob("*.yaml")}
-    assert set(recipes) == {"misa-t", "misa", "session-admission", "cache-aware", "round-robin", "vllm"}
+    assert set(recipes) == {"misa-t", "misa", "session-admission", "cache-aware", "round-robin", "vllm",
+                            "kv-horizon"}
     assert all(r.impl == ("vllm" if name == "vllm" else "ours") for name, r in recipes.items())
     assert (recipes["vllm"].cache_threshold, recipes["vllm"].balance_abs_threshold,
             recipes["vllm"].balance_rel_threshold) == (0.5, 32, 1.1)

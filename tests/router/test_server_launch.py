@@ -65,7 +65,7 @@ def test_vllm_router_argv_carries_recipe_thresholds():
     [
         ("nosuchkey=1", 2, "Valid keys at the top level: engines, model, router, server"),
         ("engines.bogus=1", 2, "Valid keys under 'engines': block_size"),
-        ("router=nope", 2, "Valid options for router: cache-aware, misa, misa-t, round-robin, session-admission, vllm"),
+        ("router=nope", 2, "Valid options for router: cache-aware, kv-horizon, misa, misa-t, round-robin, session-admission, vllm"),
         ("engine=gpu", 2, "engine=gpu: this command has no 'engine' choice (recipes/router_service.yaml chooses router)"),
         ("router=round-robin +router.params.nope=1", 2, "valid options: no_healthy_recheck_s"),
         ("router=round-robin router.params.nope=1", 2, "added with a leading '+', e.g. +router.params.nope=VALUE. "
@@ -149,6 +149,6 @@ def test_help_lists_only_the_groups_the_router_uses_and_the_chosen_config():
                          text=True, cwd=REPO_ROOT, timeout=60)
     assert run.returncode == 0, run.stderr
     groups = run.stdout.split("Config groups")[1].split("Config (")[0]
-    assert "router: cache-aware, misa, misa-t, round-robin, session-admission, vllm" in groups
+    assert "router: cache-aware, kv-horizon, misa, misa-t, round-robin, session-admission, vllm" in groups
     assert "engine:" not in groups and "sim:" not in groups and "trainer:" not in groups
     assert "policy: round_robin" in run.stdout and "max_body_bytes:" in run.stdout
