@@ -197,6 +197,7 @@ class Experiment:
                    disable=not interactive,
                    bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} runs [{elapsed}<{remaining}{postfix}]")
         done = [0.0] * len(specs)
+        finished_runs = []  # this call's, for the log lines (self.completed spans calls)
 
         def advance(i: int, fraction: float) -> None:
             done[i] = min(max(fraction, done[i]), 1.0)
@@ -206,6 +207,7 @@ class Experiment:
         def finished(i: int, result: dict) -> None:
             advance(i, 1.0)
             self.completed.append(result)
+            finished_runs.append(i)
             with open(os.path.join(self.out, "runs.jsonl"), "a") as f:
                 f.write(json.dumps(result, default=float) + "\n")
             line = (f"{result['label']} s{result['seed']}: "
@@ -213,7 +215,7 @@ class Experiment:
             if interactive:
                 bar.set_postfix_str(line)
             else:
-                print(f"{what}: {len(self.completed)}/{len(specs)} runs done; {line}",
+                print(f"{what}: {len(finished_runs)}/{len(specs)} runs done; {line}",
                       file=sys.stderr, flush=True)
 
         try:

@@ -72,3 +72,20 @@ def test_table5_reports_both_baselines_the_composition_and_ends_with_the_headlin
     # stderr is a pipe here, as a log file is: one line per finished run, no bar redraws
     assert "\r" not in p.stderr
     assert "runs done; misa_t s0:" in p.stderr
+
+
+def test_log_lines_count_the_runs_of_each_phase(tmp_path):
+    """Into a pipe, each finished run is one line ``<phase>: k/N runs done; ...`` with k
+    counting that phase's runs only (an experiment of several phases restarts at 1)."""
+    import re
+
+    p = run_cli("experiment=shift", "seeds=[0]", "scale=0.05", "workers=1", "shift.sweep_ceilings=[64,128]",
+                tmp_path=tmp_path, timeout_s=1200)
+    assert p.returncode == 0, p.stderr
+    counts = [(m[1], int(m[2]), int(m[3])) for m in re.finditer(r"^(.+?): (\d+)/(\d+) runs done;", p.stderr, re.M)]
+    phases = list(dict.fromkeys(c[0] for c in counts))
+    assert len(phases) >= 2
+    for phase in phases:
+        ks = [(k, n) for ph, k, n in counts if ph == phase]
+        assert [k for k, _ in ks] == list(range(1, len(ks) + 1))
+        assert ks[-1][0] == ks[-1][1]
