@@ -40,7 +40,6 @@ log only.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
 import time
@@ -53,6 +52,7 @@ from aiohttp import web
 
 from router.bad_request import (BadRequestError, JsonErrorServer, check_field_types, decode_json_object,
                                 error_body, error_response, json_type)
+from router.held_queue import HeldWaiters
 from router.metrics import RouterMetrics
 from router.policies.base import (
     DEFAULT_CLASS,
@@ -184,8 +184,8 @@ class RouterService:
         self._ids = itertools.count()
         self._sessions: dict[str, _Session] = {}
         self._held_now = 0
-        # Held requests waiting for a recheck: (arrival_s, seq, future), oldest first.
-        self._held_waiters: list[tuple[float, int, asyncio.Future]] = []
+        # Held requests waiting for a recheck, woken oldest first (router/held_queue.py).
+        self._held = HeldWaiters()
         self._probes: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._pool = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="tokenize")
@@ -340,7 +340,7 @@ class RouterService:
         log.warning("engine %s is %s", instance, "healthy again" if healthy else "unhealthy; probing /health")
         self.observe(InstanceHealthChanged(instance, healthy, self.clock()))
         if healthy:
-            self._wake_held(len(self._held_waiters))
+            self._held.wake_all()
         elif instance not in self._probes:
             self._probes[instance] = asyncio.create_task(self._probe(instance), name=f"probe {instance}")
 
@@ -357,45 +357,6 @@ class RouterService:
         finally:
             self._probes.pop(instance, None)
         self._set_health(instance, True)
-
-    def _wake_held(self, n: int) -> None:
-        """Recheck the ``n`` longest-waiting held requests now (capacity was freed).
-
-        Only a few per finished request: waking every held request on every finish
-        would cost O(held) decide() calls per finish when the backlog is long; the rest
-        recheck after their own ``recheck_after_s``.
-        """
-        waiters = self._held_waiters
-        while n > 0 and waiters:
-            fut = heapq.heappop(waiters)[2]
-            if not fut.done():
-                fut.set_result(None)
-                n -= 1
-
-    async def _wait_held(self, request: Request, delay_s: float) -> None:
-        """Sleep ``delay_s`` or until ``_wake_held`` picks this request, whichever is first.
-
-        Raises:
-            asyncio.CancelledError: the client went away (aiohttp cancels the handler).
-                The future is awaited directly, not through ``asyncio.wait_for``: on Python
-                3.11 that returns the future's result and swallows the cancellation when
-                the wake-up and the cancellation land in the same loop step (a finishing
-                request wakes held ones just as their clients leave), and the held request
-                would then be forwarded for nobody.
-        """
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        heapq.heappush(self._held_waiters, (request.arrival_s, next(self._ids), fut))
-        timer = loop.call_later(max(delay_s, 0.0), _set_result_once, fut)
-        try:
-            await fut  # a cancellation cancels ``fut`` (or is raised at the next step if it is done)
-        finally:
-            timer.cancel()
-            if not fut.done():
-                fut.cancel()
-        if len(self._held_waiters) > 2 * self._held_now + 64:  # drop timed-out entries
-            self._held_waiters = [w for w in self._held_waiters if not w[2].done()]
-            heapq.heapify(self._held_waiters)
 
     async def _sweep_idle_sessions(self) -> None:
         timeout_s = self.config.session_forget_idle_s
@@ -525,7 +486,7 @@ class RouterService:
                     self._held_now += 1
                     self.metrics.holds.labels(cls).inc()
                     self.metrics.held_now.labels(cls).inc()
-                await self._wait_held(request, decision.recheck_after_s)
+                await self._held.wait(request.arrival_s, decision.recheck_after_s)
         finally:
             if held_since is not None:
                 self._held_now -= 1
@@ -620,7 +581,7 @@ class RouterService:
                     ok=outcome == "ok",
                 )
             )
-            self._wake_held(self.config.wake_per_finish)
+            self._held.wake(self.config.wake_per_finish)
 
     def _engine_failed(self, instance: str, request: Request, why: str) -> None:
         self.metrics.engine_failures.labels(instance).inc()
@@ -747,11 +708,6 @@ class RouterService:
             self.translator.clear(instance)
             self.observe(AllBlocksCleared(instance, now))
         return web.json_response({"cleared": targets})
-
-
-def _set_result_once(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def _reply_headers(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

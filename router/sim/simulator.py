@@ -7,10 +7,12 @@ and feeds the policy the same events the live router does (RequestStarted,
 RequestFinished, SessionEnded, KV events, periodic MetricsSampled like a scrape), with a
 configurable delay and loss for signals.
 
-Held requests wait in queues (:class:`_HeldQueue`). New sessions (a session's first
-request) of one workload class share a queue, in the order they were first held; any
-other held request (a continuation that must re-acquire admission) is a queue of its
-own. Only the head of a queue is re-asked after its ``recheck_after_s``; when it is
+Held requests wait in queues (:class:`_HeldQueue`), each an
+:class:`~router.held_queue.ArrivalQueue`, the ordering the live router's held requests
+use too (its contract, arrival order, wake the oldest, cancellation, is written once in
+:mod:`router.held_queue`). New sessions (a session's first request) of one workload
+class share a queue, in arrival order; any other held request (a continuation that must
+re-acquire admission) is a queue of its own. Only the head of a queue is re-asked after its ``recheck_after_s``; when it is
 admitted, the next one is asked at once, and so on until one is held again (it becomes
 the head). The others are re-asked only every ``held_refresh_s`` (so a policy never
 takes them for abandoned). This rests on a property every policy here has: a policy
@@ -46,7 +48,6 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -65,6 +66,7 @@ from router.policies.base import (
     RequestStarted,
     SessionEnded,
 )
+from router.held_queue import ArrivalQueue
 from router.prefix_index import chain_hashes
 from router.sim.block_hashes import SessionChain
 from router.sim.prompt_text import PromptTexts
@@ -167,7 +169,8 @@ class _HeldQueue:
     """Held requests sharing a recheck (see the module docstring), oldest first.
 
     Attributes:
-        requests: the held requests; only ``requests[0]`` (the head) has a recheck event.
+        requests: the held requests by arrival; only the oldest (the head,
+            ``requests.peek()``) has a recheck event.
         hold: the head's last Hold; asked_epoch / asked_s: the simulator's epoch and the
             time when the head was last asked.
     """
@@ -175,7 +178,8 @@ class _HeldQueue:
     __slots__ = ("requests", "hold", "asked_epoch", "asked_s")
 
     def __init__(self, sreq: SimRequest, hold: Hold, epoch: int, now: float) -> None:
-        self.requests: deque[SimRequest] = deque((sreq,))
+        self.requests: ArrivalQueue[SimRequest] = ArrivalQueue()
+        self.requests.push(sreq, sreq.request.arrival_s)
         self.hold, self.asked_epoch, self.asked_s = hold, epoch, now
 
 
@@ -385,7 +389,7 @@ class Simulation:
         key = "new:" + sreq.request.workload_class if run.turn == 0 else "session:" + sreq.request.session_id
         queue = self._held.get(key)
         if queue is not None:
-            queue.requests.append(sreq)  # behind the head: asked again when the head is admitted
+            queue.requests.push(sreq, sreq.request.arrival_s)  # behind the head: asked when it is admitted
         else:
             self._held[key] = _HeldQueue(sreq, hold, self._epoch, self.now)
             self._push_recheck(key, hold)
@@ -402,21 +406,21 @@ class Simulation:
             return
         requests = queue.requests
         while requests:
-            hold = self._decide(requests[0])
+            hold = self._decide(requests.peek())
             if hold is not None:
                 queue.hold, queue.asked_epoch, queue.asked_s = hold, self._epoch, self.now
                 self._push_recheck(key, hold)
                 return
-            requests.popleft()
+            requests.pop()
             self._epoch += 1  # a session admitted
         del self._held[key]
 
     def _on_refresh(self, _a: Any, _b: Any) -> None:
         """Ask every held request behind the head of its queue again (see ``held_refresh_s``)."""
         for queue in self._held.values():
-            for sreq in list(queue.requests)[1:]:
+            for ticket, sreq in queue.requests.entries()[1:]:
                 if self._decide(sreq) is None:
-                    queue.requests.remove(sreq)
+                    queue.requests.discard(ticket)
                     self._epoch += 1  # a session admitted
         self._push(self.now + self._refresh_s, _REFRESH)
 
