@@ -9,7 +9,10 @@ Every request to ``/v1/completions`` or ``/v1/chat/completions`` goes through on
    block hashes from :mod:`router.tokenize`;
 2. ``policy.decide(request, view, now)``: ``Admit(w)`` -> forward to engine ``w``;
    ``Hold(dt)`` -> wait ``dt`` (or until a request finishes or an engine recovers) and
-   decide again. HOLD never drops a request; a client that goes away is dropped and
+   decide again; held requests wait in :class:`router.held_queue.HeldWaiters`, woken
+   oldest first (the contract it shares with the simulator). A policy exception is
+   treated as :mod:`router.policy_errors` says (counted; a failed decide answers 500).
+   HOLD never drops a request; a client that goes away is dropped and
    reported as ``RequestFinished(ok=False)`` with ``instance=""`` if it was never admitted;
 3. report ``RequestStarted`` / ``RequestFinished`` (with the engine's ``usage``) to the
    policy; after the last request of a session marked ``X-Session-End: 1``,
@@ -54,6 +57,7 @@ from router.bad_request import (BadRequestError, JsonErrorServer, check_field_ty
                                 error_body, error_response, json_type)
 from router.held_queue import HeldWaiters
 from router.metrics import RouterMetrics
+from router.policy_errors import PolicyErrors
 from router.policies.base import (
     DEFAULT_CLASS,
     Admit,
@@ -144,6 +148,7 @@ class RouterService:
         self,
         policy: Policy,
         engine_urls: Sequence[str],
+        *,
         kv_event_endpoints: Sequence[str] = (),
         tokenizer: PromptTokenizer | None = None,
         config: ServiceConfig | None = None,
@@ -169,16 +174,20 @@ class RouterService:
         self.tokenizer = tokenizer or PromptTokenizer(None)
         self.translator = KvHashTranslator()
         self.metrics = RouterMetrics(long_hold_s=self.config.long_hold_s)
+        self.policy_errors = PolicyErrors(
+            getattr(policy, "name", type(policy).__name__),
+            on_error=lambda call: self.metrics.policy_errors.labels(call).inc())
         self.block_size: int | None = None
         if block_size:
             self._set_block_size(block_size)
         self.scraper = MetricsScraper(
-            urls, self._on_metrics, self.config.scrape_interval_s, self.config.scrape_timeout_s, clock,
+            urls, self._on_metrics, interval_s=self.config.scrape_interval_s,
+            timeout_s=self.config.scrape_timeout_s, clock=clock,
             on_unreachable=lambda instance: self._set_health(instance, False),
         )
         self.kv_events = KvEventSubscriber(
-            dict(zip(urls, kv_event_endpoints)), self.observe, self.translator, self.config.kv_topic,
-            self._on_kv_batch, clock,
+            dict(zip(urls, kv_event_endpoints)), self.observe, self.translator, topic=self.config.kv_topic,
+            on_event_batch=self._on_kv_batch, clock=clock,
         )
         self._known_classes = frozenset(self.config.workload_classes)
         self._ids = itertools.count()
@@ -306,12 +315,9 @@ class RouterService:
     # ------------------------------------------------------------------ signals -> policy
 
     def observe(self, event: Event) -> None:
-        """Give ``event`` to the policy (a policy bug is logged, not raised into a loop)."""
-        try:
-            self.policy.observe(event)
-        except Exception:
-            self.metrics.policy_errors.labels("observe").inc()
-            log.exception("policy %s failed to observe %s", self.policy.name, type(event).__name__)
+        """Give ``event`` to the policy (a policy bug is counted and logged, not raised into a
+        loop: :mod:`router.policy_errors`)."""
+        self.policy_errors.observe(self.policy, event)
 
     def _set_block_size(self, block_size: int) -> None:
         self.block_size = block_size
@@ -460,8 +466,8 @@ class RouterService:
                 t0 = time.perf_counter()
                 try:
                     decision = self.policy.decide(request, view, now)
-                except Exception:  # a policy bug: counted, then answered 500 like any router bug
-                    self.metrics.policy_errors.labels("decide").inc()
+                except Exception:  # a policy bug: counted, then answered 500 (router/policy_errors.py)
+                    self.policy_errors.decide_failed(request.request_id, log_it=False)  # the 500 path logs it
                     raise
                 self.metrics.decision_latency_s.observe(time.perf_counter() - t0)
                 if isinstance(decision, Admit):
@@ -779,16 +785,17 @@ def build_service(cfg: Any) -> RouterService:
             "cache-aware, round-robin)"
         )
     params = OmegaConf.to_container(cfg.router.params, resolve=True) if cfg.router.params is not None else {}
-    policy = make_policy(cfg.router.policy, params)
     config = ServiceConfig(
         workload_classes=tuple(cfg.sessions.workload_classes),
         **{name: OmegaConf.select(cfg, path, throw_on_missing=True) for name, path in SERVICE_OPTIONS.items()},
     )
+    # server.long_hold_s is one knob: the policy's long holds (state) and router_long_holds_total
+    policy = make_policy(cfg.router.policy, params, long_hold_s=config.long_hold_s)
     tokenizer = PromptTokenizer(cfg.model.path)
     return RouterService(
         policy,
         cfg.engines.urls,  # checked as a list there: a plain string is refused, not split into characters
-        cfg.engines.kv_event_endpoints if cfg.engines.kv_event_endpoints is not None else [],
+        kv_event_endpoints=cfg.engines.kv_event_endpoints if cfg.engines.kv_event_endpoints is not None else [],
         tokenizer=tokenizer,
         config=config,
         block_size=cfg.engines.block_size,

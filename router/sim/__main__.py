@@ -73,6 +73,7 @@ VALUE_RULES: dict[str, Rule] = {
     "prompt_text.chars_per_token": (number(above=0), "characters per token > 0, e.g. 4"),
     "agent_system_prompt_tokens": (number(whole=True, at_least=0), "a whole number of tokens >= 0"),
     "weight_sync_period_s": (or_null(number(above=0)), "seconds > 0, or null"),
+    "raise_policy_errors": (lambda v: isinstance(v, bool), "true or false"),
     "trace": (or_null(is_text), "a JSONL trace path, or null"),
     "engine.block_size": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),
     "engine.max_num_batched_tokens": (number(whole=True, at_least=1), "a whole number >= 1"),
@@ -178,7 +179,8 @@ class Experiment:
             trace_path=self.cfg.trace, keep_timeline=(seed == self.seeds[0]),
             weight_sync_period_s=self.cfg.weight_sync_period_s,
             chars_per_token=float(self.cfg.prompt_text.chars_per_token),
-            agent_system_prompt_tokens=int(self.cfg.agent_system_prompt_tokens), **kw,
+            agent_system_prompt_tokens=int(self.cfg.agent_system_prompt_tokens),
+            raise_policy_errors=bool(self.cfg.raise_policy_errors), **kw,
         )
 
     def run(self, specs: list[RunSpec], what: str) -> list[dict]:

@@ -191,6 +191,7 @@ class RunSpec:
     tags: dict = field(default_factory=dict)
     chars_per_token: float = 4.0
     agent_system_prompt_tokens: int = 3000
+    raise_policy_errors: bool = True
 
 
 @lru_cache(maxsize=4)
@@ -219,6 +220,7 @@ def build_sim_config(spec: RunSpec) -> SimConfig:
         instances=c.instances, engine=engine, cost=cost, mixture=dict(spec.mixture), ceiling=spec.ceiling,
         signals=signals, context_limit_tokens=spec.context_limit_tokens, shift=shift, seed=spec.seed,
         weight_sync_period_s=spec.weight_sync_period_s, chars_per_token=spec.chars_per_token,
+        raise_policy_errors=spec.raise_policy_errors,
     )
 
 

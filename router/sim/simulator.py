@@ -67,6 +67,7 @@ from router.policies.base import (
     SessionEnded,
 )
 from router.held_queue import ArrivalQueue
+from router.policy_errors import PolicyErrors
 from router.prefix_index import chain_hashes
 from router.sim.block_hashes import SessionChain
 from router.sim.prompt_text import PromptTexts
@@ -113,7 +114,8 @@ class SimConfig:
 
     Attributes:
         instances: engine replicas; engine: their config; cost: their step-time model.
-        mixture: the trainer's target rho; ceiling: its outer concurrency (units in flight).
+        mixture: the trainer's target rho (``trainer.rho``); ceiling: its outer concurrency, units
+            in flight (``trainer.max_in_flight``).
         signals: signal delay and loss.
         context_limit_tokens: prompt + output limit (the requests' max_tokens).
         warmup_frac: the measurement window starts when this fraction of the units the
@@ -131,6 +133,9 @@ class SimConfig:
         seed: RNG seed of signal loss.
         chars_per_token: prompt text length per token, for policies that match on text
             (``needs_prompt_text``, e.g. vllm_router; ``router/sim/prompt_text.py``).
+        raise_policy_errors: an exception out of the policy stops the run (True, for tests
+            and policy development), or is counted in ``summary["policy_errors"]`` and the
+            run goes on as in the live router (False; :mod:`router.policy_errors`).
     """
 
     instances: int
@@ -149,6 +154,7 @@ class SimConfig:
     shift: WorkloadShift | None = None
     seed: int = 0
     chars_per_token: float = 4.0
+    raise_policy_errors: bool = True
 
 
 @dataclass
@@ -207,6 +213,8 @@ class Simulation:
     def __init__(self, config: SimConfig, sessions: list[TraceSession], policy: Policy) -> None:
         self.cfg = config
         self.policy = policy
+        self.policy_errors = PolicyErrors(getattr(policy, "name", type(policy).__name__),
+                                          raise_errors=config.raise_policy_errors)
         bs = config.engine.block_size
         if config.engine.num_blocks * bs < config.context_limit_tokens:
             # vLLM refuses to start such an engine; here a request larger than the pool would
@@ -296,6 +304,7 @@ class Simulation:
         self._mark_window("end")
         self.timeline.append(self.log.timeline_sample(self))
         summary = summarize(self, n_events)
+        summary["policy_errors"] = dict(self.policy_errors.counts)
         return SimResult(summary, self.timeline)
 
     # ------------------------------------------------------------------ trainer
@@ -331,8 +340,9 @@ class Simulation:
         r0 = s.requests[0]
         return SessionChain(
             self._key("c:" + s.workload_class), self._key("g:" + (s.group_id or s.session_id)),
-            self._key("s:" + s.session_id), r0.class_prefix_tokens, r0.group_prefix_tokens,
-            self.cfg.engine.block_size, self._shared_chains,
+            self._key("s:" + s.session_id), class_prefix_tokens=r0.class_prefix_tokens,
+            group_prefix_tokens=r0.group_prefix_tokens, block_size=self.cfg.engine.block_size,
+            shared=self._shared_chains,
         )
 
     # ------------------------------------------------------------------ requests
@@ -424,15 +434,22 @@ class Simulation:
                     self._epoch += 1  # a session admitted
         self._push(self.now + self._refresh_s, _REFRESH)
 
+    def _observe(self, event: Any) -> None:
+        """Give ``event`` to the policy; an exception is treated as router/policy_errors.py says."""
+        self.policy_errors.observe(self.policy, event)
+
     def _decide(self, sreq: SimRequest) -> Hold | None:
         """Ask the policy about ``sreq``: forward it if admitted (returns None), else return the Hold."""
-        decision = self.policy.decide(sreq.request, self._view(), self.now)
+        try:
+            decision = self.policy.decide(sreq.request, self._view(), self.now)
+        except Exception:  # a policy bug: raised, or counted and decided again (router/policy_errors.py)
+            return self.policy_errors.decide_failed(sreq.request.request_id)
         if isinstance(decision, Hold):
             return decision
         engine = self.by_name.get(decision.instance)
         if engine is None:
             raise SimError(f"policy {self.policy.name!r} admitted on unknown instance {decision.instance!r}")
-        self.policy.observe(RequestStarted(sreq.request, engine.instance, self.now))
+        self._observe(RequestStarted(sreq.request, engine.instance, self.now))
         self._in_flight[engine.instance] += 1
         sreq.start_s = self.now
         self.log.admitted(sreq, self.now)
@@ -471,7 +488,7 @@ class Simulation:
     def _finish(self, engine: Engine, sreq: SimRequest) -> None:
         req = sreq.request
         self._in_flight[engine.instance] -= 1
-        self.policy.observe(RequestFinished(
+        self._observe(RequestFinished(
             req, engine.instance, self.now, prompt_tokens=req.prompt_tokens,
             completion_tokens=sreq.output_tokens, cached_tokens=sreq.hit_tokens,
         ))
@@ -480,7 +497,7 @@ class Simulation:
         run.model_s += self.now - req.arrival_s
         if req.session_end:
             self._epoch += 1  # a session ended
-            self.policy.observe(SessionEnded(req.session_id, self.now))
+            self._observe(SessionEnded(req.session_id, self.now))
             del self._runs[req.session_id]
             self.trainer.complete(run.trace.unit_id, self.now)
             if "start" not in self._window and sum(self.trainer.completed.values()) >= self._warmup_units:
@@ -535,7 +552,7 @@ class Simulation:
                 self._epoch += 1
             elif not isinstance(ev, (BlocksStored, BlocksRemoved)):
                 self._epoch += 1
-            self.policy.observe(ev)
+            self._observe(ev)
 
     def _on_sync(self, _a: Any, _b: Any) -> None:
         for e in self.engines:
