@@ -156,7 +156,7 @@ def memory_child() -> None:
         policy.index.store(INSTANCES[(start // chunk) % 4], [rng.getrandbits(64) for _ in range(chunk)])
     gc.collect()
     print(json.dumps({"rss_mb": _rss_mb(), "added_mb": _rss_mb() - base, "blocks": len(policy.index),
-                      "sessions": len(policy.ledger)}))  # fmt: skip
+                      "sessions": len(policy.session_ledger)}))  # fmt: skip
 
 
 def main() -> None:

@@ -22,7 +22,9 @@ class ServiceConfig:
         probe_interval_s: period of ``/health`` probes of an unhealthy engine.
         scrape_interval_s / scrape_timeout_s: metric scrape period and timeout.
         kv_topic: ZMQ topic of the engines' KV event publishers.
-        long_hold_s: holds longer than this are counted as long holds.
+        long_hold_s: holds longer than this are counted as long holds, in
+            ``router_long_holds_total`` and (``build_service`` passes it to ``make_policy``)
+            in the policy's ``state()["long_holds"]``: one knob, ``server.long_hold_s``.
         session_forget_idle_s: the live router's own session table: a session with
             nothing in flight for this long is forgotten and ``SessionEnded(reason=
             "idle_timeout")`` sent to the policy, whatever the policy (0 = never). Not the
@@ -58,7 +60,7 @@ class ServiceConfig:
             if isinstance(default, int) and not isinstance(value, int):
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(f.name, f.name)} must be an integer, got {value!r}")
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
-                     "no_engine_timeout_s",
+                     "no_engine_timeout_s", "long_hold_s",
                      "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
             if getattr(self, name) <= 0:
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(name, name)} must be > 0, got {getattr(self, name)!r}")

@@ -65,7 +65,7 @@ class MisaPolicy(SessionAdmissionPolicy):
         ``candidate``: the session being decided; its observed blocks count in the
         protected mean as if it were admitted (see ``SessionAdmissionPolicy.instance_caps``).
         """
-        cfg, ledger = self.config, self.ledger
+        cfg, ledger = self.config, self.session_ledger
         if workload_class in cfg.class_k_prior_blocks:
             prior = float(cfg.class_k_prior_blocks[workload_class])
         elif workload_class in cfg.class_k_prior_tokens:
@@ -99,6 +99,6 @@ class MisaPolicy(SessionAdmissionPolicy):
     def state(self) -> dict:
         """session_admission's state plus k_b per class with completed-session samples."""
         out = super().state()
-        classes = sorted(set(self.ledger.blocks_history) | set(self.ledger.held_counts()))
+        classes = sorted(set(self.session_ledger.blocks_history) | set(self.session_ledger.held_counts()))
         out["class_reference_blocks"] = {b: self.class_reference_blocks(b) for b in classes}
         return out

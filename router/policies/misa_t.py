@@ -49,7 +49,7 @@ class MisaTPolicy(MisaPolicy):
 
     def class_residency_s(self, workload_class: str) -> float:
         """T_b: mean completed-session residency of class b (s), or the neutral prior."""
-        history = self.ledger.residency_history.get(workload_class)
+        history = self.session_ledger.residency_history.get(workload_class)
         if history is None or len(history) < self.config.t_min_samples:
             return self.config.t_prior_s
         return max(history.mean(), 1e-3)

@@ -76,6 +76,14 @@ def policy_config_class(name: str) -> type:
     return _lookup(name)[1]
 
 
+# Config fields the transport sets, one knob for the transport and the policy: never given in
+# ``router.params`` (refused, naming the transport's key), passed to make_policy by keyword.
+TRANSPORT_OPTIONS = {"long_hold_s": "server.long_hold_s"}
+DEFAULT_LONG_HOLD_S = 30.0
+"""Holds longer than this are long holds (``server.long_hold_s``; the policy's
+``state()["long_holds"]`` and the live router's ``router_long_holds_total``)."""
+
+
 def policy_config_fields(name: str) -> dict[str, Any]:
     """``{field: default}`` of policy ``name``'s config, in declaration order.
 
@@ -87,24 +95,38 @@ def policy_config_fields(name: str) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for f in dataclasses.fields(policy_config_class(name)):
-        out[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if f.name not in TRANSPORT_OPTIONS:
+            out[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
     return out
 
 
-def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+def make_policy(name: str, params: Mapping[str, Any] | None = None, *,
+                long_hold_s: float = DEFAULT_LONG_HOLD_S) -> Policy:
     """Build policy ``name`` with options ``params`` (missing keys take their defaults).
 
     Args:
         name: one of :func:`registered_policy_names` (hyphens allowed).
         params: option values; a plain dict or an OmegaConf DictConfig.
+        long_hold_s: seconds; the transport's long-hold threshold (``server.long_hold_s``),
+            given to a policy that reports long holds (session_admission, misa, misa_t).
 
     Raises:
-        UnknownOptionError: unknown name or key; the message names the valid choices.
+        UnknownOptionError: unknown name or key (a key of ``TRANSPORT_OPTIONS``: the
+            transport's key to give instead); the message names the valid choices.
         RouterConfigError: ill-typed value, or a value the config's own validation rejects.
     """
     factory, config_cls = _lookup(name)
+    for key, transport_key in TRANSPORT_OPTIONS.items():
+        if params is not None and key in params:
+            raise UnknownOptionError(
+                f"router.params.{key} is no policy option any more: the router service's {transport_key} sets it "
+                f"for the policy and /metrics alike; give {transport_key}=... instead")
     config = build_options(config_cls, params, f"router policy {canonical_policy_name(name)!r}",
                            error=RouterConfigError, unknown_error=UnknownOptionError)
+    if any(f.name == "long_hold_s" for f in dataclasses.fields(config)):
+        if not long_hold_s > 0:
+            raise RouterConfigError(f"server.long_hold_s must be > 0, got {long_hold_s!r}")
+        config = dataclasses.replace(config, long_hold_s=float(long_hold_s))
     return factory(config)
 
 

@@ -170,7 +170,9 @@ class SessionAdmissionConfig:
     no_healthy_recheck_s: float = 1.0
     """Recheck delay when no instance is healthy: about one health-probe period."""
     long_hold_s: float = 30.0
-    """Holds older than this are reported as long holds."""
+    """Holds older than this are reported as long holds. Set by the transport, not in
+    ``router.params``: ``make_policy(..., long_hold_s=)`` from ``server.long_hold_s``, the
+    one knob for this and the live router's ``router_long_holds_total``."""
     held_forget_s: float = 300.0
     """A held session not re-decided for this long is dropped (its caller gave up)."""
     placement: Literal["cache_aware", "cost"] = "cache_aware"
@@ -279,7 +281,7 @@ class SessionAdmissionPolicy:
     def __init__(self, config: SessionAdmissionConfig | None = None) -> None:
         self.config = config or SessionAdmissionConfig()
         cfg = self.config
-        self.ledger = SessionLedger(cfg.k_window_sessions, cfg.finished_keep, cfg.k_footprint)
+        self.session_ledger = SessionLedger(cfg.k_window_sessions, cfg.finished_keep, cfg.k_footprint)
         self.index = PrefixIndex()
         self.control: dict[str, OverloadControl] = {}
         self.metrics: dict[str, InstanceMetrics] = {}
@@ -310,7 +312,7 @@ class SessionAdmissionPolicy:
         ``candidate``: the session being decided; its observed blocks count as if it were
         admitted (see ``instance_caps``).
         """
-        ledger = self.ledger
+        ledger = self.session_ledger
         return self._k_blocks(ledger.blocks_history_all, ledger.protected_mean_blocks_all(candidate),
                               self._prior_blocks(self.config.k_prior_blocks, self.config.k_prior_tokens))
 
@@ -372,8 +374,8 @@ class SessionAdmissionPolicy:
 
     def _demand(self, instance: str, candidate: SessionRecord | None) -> dict[str, int]:
         """N_{w,b}: active + pending on w, held anywhere, plus the candidate (MISA-T section 4.2)."""
-        demand = self.ledger.held_counts()
-        for b, n in self.ledger.class_counts(instance).items():
+        demand = self.session_ledger.held_counts()
+        for b, n in self.session_ledger.class_counts(instance).items():
             demand[b] = demand.get(b, 0) + n
         if candidate is not None and candidate.state != HELD:
             demand[candidate.workload_class] = demand.get(candidate.workload_class, 0) + 1
@@ -390,7 +392,7 @@ class SessionAdmissionPolicy:
         """
         w = view.instance
         C, stale = self.protected_capacity_blocks(view)
-        counts = dict(self.ledger.class_counts(w))
+        counts = dict(self.session_ledger.class_counts(w))
         n = sum(counts.values())
         split = self._class_demand_blocks(self._demand(w, candidate), candidate)
         if split is None or not split[1]:
@@ -427,7 +429,7 @@ class SessionAdmissionPolicy:
         self._advance(now)
         for v in view.instances:
             self.views[v.instance] = v
-        ledger = self.ledger
+        ledger = self.session_ledger
         rec = ledger.session(request.session_id)
         healthy = view.healthy()
         if rec is not None and rec.protected:
@@ -508,34 +510,34 @@ class SessionAdmissionPolicy:
         if rec.state == HELD and now - rec.held_since_s >= self.config.long_hold_s:
             self.counters["long_holds_admitted"] += 1
         rebound = rec.state == REBOUND or rec.cached_instance is not None
-        self.ledger.admit(rec, instance, now, floor)
+        self.session_ledger.admit(rec, instance, now, floor)
         self.stats.admits += 1
         if floor:
             self.counters["floor_admissions"] += 1
         return Admit(instance, reason=("floor " if floor else "") + ("rebound" if rebound else "new"))
 
     def _hold(self, rec: SessionRecord, why: str, recheck_s: float, now: float, reason: str) -> Hold:
-        self.ledger.hold(rec, why, now)
+        self.session_ledger.hold(rec, why, now)
         self.stats.holds += 1
         return Hold(recheck_s, reason=reason)
 
     def _recheck_s(self, rec: SessionRecord) -> float:
         """Recheck delay: shrinks as more GRPO siblings of the session become visible (section 4.1)."""
         cfg = self.config
-        return max(cfg.recheck_min_s, cfg.recheck_max_s / (1 + self.ledger.visible_siblings(rec.group_id)))
+        return max(cfg.recheck_min_s, cfg.recheck_max_s / (1 + self.session_ledger.visible_siblings(rec.group_id)))
 
     def _advance(self, now: float) -> None:
         """Expire idle sessions and abandoned holds up to ``now`` (emits nothing)."""
         self._now = max(self._now, now)
-        self.ledger.expire_idle(now, self.config.idle_timeout_s)
-        self.ledger.forget_abandoned_holds(now, self.config.held_forget_s)
+        self.session_ledger.expire_idle(now, self.config.idle_timeout_s)
+        self.session_ledger.forget_abandoned_holds(now, self.config.held_forget_s)
 
     # ----------------------------------------------------------------- observe
 
     def observe(self, event: Event) -> None:
         """Update the ledger, prefix index and overload control from one event."""
         self._advance(event.now)
-        ledger = self.ledger
+        ledger = self.session_ledger
         if isinstance(event, RequestStarted):
             self.prompt_tokens.append(event.request.prompt_tokens)
             blocks = math.ceil(event.request.prompt_tokens / self._block_size(event.instance))
@@ -564,7 +566,7 @@ class SessionAdmissionPolicy:
     def _on_metrics(self, event: MetricsSampled) -> None:
         w = event.instance
         self.metrics[w] = event.metrics
-        self.ledger.mark_visible(w, event.now)
+        self.session_ledger.mark_visible(w, event.now)
         view = InstanceView(w, metrics=event.metrics, metrics_age_s=0.0)
         caps = self.instance_caps(view)
         ctl = self.control.get(w)
@@ -577,7 +579,7 @@ class SessionAdmissionPolicy:
     def state(self) -> dict:
         """JSON snapshot: decisions, ledger sizes, caps per instance (and class), holds, floor."""
         now = self._now
-        held = self.ledger.held_sessions()
+        held = self.session_ledger.held_sessions()
         instances = {}
         for w, view in sorted(self.views.items()):
             caps = self.instance_caps(view).as_dict()
@@ -587,10 +589,10 @@ class SessionAdmissionPolicy:
                     contracted=ctl.cap_limit is not None, h_star=ctl.h_star, h_hat=ctl.h_hat, pressure_gap=ctl.gap,
                     contractions=ctl.contractions, recoveries=ctl.recoveries, prefill_tokens_per_s=ctl.prefill_tokens_per_s(),
                 )  # fmt: skip
-            caps["active"], caps["pending"] = self.ledger.active_count(w), self.ledger.pending_count(w)
-            caps["floor_sessions"] = sum(r.floor_admitted for r in self.ledger.protected_sessions(w))
+            caps["active"], caps["pending"] = self.session_ledger.active_count(w), self.session_ledger.pending_count(w)
+            caps["floor_sessions"] = sum(r.floor_admitted for r in self.session_ledger.protected_sessions(w))
             instances[w] = caps
-        ledger_state = self.ledger.state(now)
+        ledger_state = self.session_ledger.state(now)
         return {
             "policy": self.name,
             "admits": self.stats.admits,

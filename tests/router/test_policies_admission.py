@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.estimators import MetricWindow
-from router.policies import make_policy
+from router.policies import make_policy, policy_config_fields
 from router.policies.base import (
     Admit,
     BlocksStored,
@@ -19,6 +19,7 @@ from router.policies.base import (
     RequestFinished,
     RequestStarted,
     SessionEnded,
+    UnknownOptionError,
 )
 from router.policies.overload import OverloadControl
 from router.policies.session_admission import SessionAdmissionConfig
@@ -80,16 +81,16 @@ def test_pending_session_becomes_active_only_after_a_later_snapshot() -> None:
     policy.decide(r, view, 0.0)
     policy.observe(RequestStarted(r, "w0", 1.0))
     policy.observe(MetricsSampled("w0", METRICS, 1.0))  # same instant: not after the start
-    assert (policy.ledger.pending_count("w0"), policy.ledger.active_count("w0")) == (1, 0)
+    assert (policy.session_ledger.pending_count("w0"), policy.session_ledger.active_count("w0")) == (1, 0)
     policy.observe(MetricsSampled("w0", METRICS, 2.0))
-    assert (policy.ledger.pending_count("w0"), policy.ledger.active_count("w0")) == (0, 1)
+    assert (policy.session_ledger.pending_count("w0"), policy.session_ledger.active_count("w0")) == (0, 1)
 
 
 def test_session_end_header_frees_cap_headroom() -> None:
     policy = make_policy("session_admission", {"k_prior_blocks": 90})  # K = 1
     view = cluster("w0")
     run_session(policy, view, "a", "default", 0.0, 1.0)
-    assert policy.ledger.ended_by_reason == {"end": 1}
+    assert policy.session_ledger.ended_by_reason == {"end": 1}
     assert admitted(policy.decide(req("b"), view, 2.0)) == "w0"
 
 
@@ -102,7 +103,7 @@ def test_idle_session_expires_from_now_and_frees_cap() -> None:
     policy.observe(RequestFinished(r, "w0", 1.0, prompt_tokens=16))
     assert isinstance(policy.decide(req("b"), view, 10.9), Hold)  # idle 9.9 s < 10 s
     assert admitted(policy.decide(req("b"), view, 11.0)) == "w0"
-    assert policy.ledger.ended_by_reason == {"idle_timeout": 1}
+    assert policy.session_ledger.ended_by_reason == {"idle_timeout": 1}
 
 
 def test_session_with_request_in_flight_never_idles_out() -> None:
@@ -151,7 +152,7 @@ def test_no_healthy_instance_holds_and_keeps_the_demand() -> None:
     policy = make_policy("misa")
     decision = policy.decide(req("a", "agent"), cluster("w0", unhealthy=("w0",)), 0.0)
     assert isinstance(decision, Hold)
-    assert policy.ledger.held_counts() == {"agent": 1}
+    assert policy.session_ledger.held_counts() == {"agent": 1}
 
 
 def test_stale_metrics_fall_back_to_conservative_capacity() -> None:
@@ -364,13 +365,25 @@ def test_global_floor_admits_one_session_larger_than_protected_capacity() -> Non
 
 
 def test_state_reports_long_holds_and_oldest_hold_age() -> None:
-    policy = make_policy("session_admission", {"k_prior_blocks": 90, "long_hold_s": 30})
+    policy = make_policy("session_admission", {"k_prior_blocks": 90}, long_hold_s=30)
     view = cluster("w0")
     policy.decide(req("a"), view, 0.0)
     policy.decide(req("b"), view, 1.0)
     policy.decide(req("b"), view, 40.0)
     state = policy.state()
     assert (state["held_count"], state["long_holds"], state["oldest_hold_age_s"]) == (1, 1, 39.0)
+    later = make_policy("session_admission", {"k_prior_blocks": 90}, long_hold_s=45)
+    later.decide(req("a"), view, 0.0)
+    later.decide(req("b"), view, 1.0)
+    later.decide(req("b"), view, 40.0)
+    assert later.state()["long_holds"] == 0  # 39 s < 45 s
+
+
+def test_long_hold_s_is_the_transports_knob_not_a_policy_option() -> None:
+    with pytest.raises(UnknownOptionError, match=r"give server.long_hold_s=\.\.\. instead"):
+        make_policy("misa_t", {"long_hold_s": 5})
+    assert "long_hold_s" not in policy_config_fields("misa_t")
+    assert make_policy("misa_t", long_hold_s=7).config.long_hold_s == 7.0
 
 
 # --------------------------------------------------------------------------- placement

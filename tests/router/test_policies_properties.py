@@ -87,7 +87,7 @@ class Driver:
         cls, group = self.classes[session]
         r = Request(f"r{next(self.ids)}", session, cls, group_id=group, session_end=end, prompt_tokens=64)
         view = self.view()
-        rec = self.policy.ledger.session(session)
+        rec = self.policy.session_ledger.session(session)
         # a protected session idle for idle_timeout_s has ended by ``now``: it re-acquires admission
         expired = rec is not None and rec.in_flight == 0 and self.now - rec.last_activity_s >= PARAMS["idle_timeout_s"]
         continuation = rec is not None and rec.protected and self.healthy[rec.instance] and not expired
@@ -108,7 +108,7 @@ class Driver:
         caps = self.policy.instance_caps(v)
         occupancy = sum(
             caps.class_k_blocks.get(s.workload_class, caps.ref_blocks)
-            for s in self.policy.ledger.protected_sessions(instance)
+            for s in self.policy.session_ledger.protected_sessions(instance)
             if not s.floor_admitted
         )
         if occupancy > caps.protected_blocks + 1e-9:
@@ -132,7 +132,7 @@ class Driver:
             self.classes[session] = (CLASSES[step[1]], f"g{step[2]}")
             self.decide(session)
         elif kind in ("continue", "redecide") and (session := self.pick(step[1])):
-            rec = self.policy.ledger.session(session)
+            rec = self.policy.session_ledger.session(session)
             if kind == "continue" and rec is not None and rec.protected or kind == "redecide" and rec is not None:
                 self.decide(session)
         elif kind == "finish" and (session := self.pick(step[1])) and self.in_flight.get(session):
@@ -161,12 +161,12 @@ class Driver:
         """End every session, then re-decide held ones until none is held; returns the never-admitted."""
         self.healthy = dict.fromkeys(INSTANCES, True)
         for session in list(self.classes):
-            rec = self.policy.ledger.session(session)
+            rec = self.policy.session_ledger.session(session)
             if rec is not None and rec.state != "held":
                 self.policy.observe(SessionEnded(session, self.now))
         self.in_flight.clear()
         for _ in range(400):
-            held = [rec.session_id for rec in self.policy.ledger.held_sessions()]
+            held = [rec.session_id for rec in self.policy.session_ledger.held_sessions()]
             if not held:
                 return []
             self.now += 1.0
@@ -174,7 +174,7 @@ class Driver:
                 if isinstance(self.decide(session), Admit):
                     self.policy.observe(SessionEnded(session, self.now))
                     self.in_flight.pop(session, None)
-        return [rec.session_id for rec in self.policy.ledger.held_sessions()]
+        return [rec.session_id for rec in self.policy.session_ledger.held_sessions()]
 
 
 def _run(name: str, steps: list[tuple], sizes: tuple[int, int, int]) -> Driver:
@@ -214,7 +214,7 @@ def test_continuation_after_idle_timeout_reacquires_admission() -> None:
                                    ("continue", 0)]
     driver = _run("session_admission", steps, (8, 8, 8))
     assert driver.violations == []
-    assert driver.policy.ledger.finished("s0").reason == "idle_timeout"
+    assert driver.policy.session_ledger.finished("s0").reason == "idle_timeout"
 
 
 @SETTINGS
@@ -227,6 +227,6 @@ def test_every_held_request_is_admitted_once_capacity_frees(steps, sizes, name) 
 
 def test_hold_is_a_hold_not_a_drop() -> None:
     driver = _run("misa_t", [("new", 0, 0)] * 30, (8, 8, 8))
-    held = driver.policy.ledger.held_sessions()
+    held = driver.policy.session_ledger.held_sessions()
     assert held and all(isinstance(driver.decide(r.session_id), Hold) for r in held[1:])
     assert driver.drain() == []

@@ -363,6 +363,14 @@ async def test_hydra_config_builds_service_with_chosen_policy(engines):
     assert list(service.instances) == [engines[0].url, engines[1].url] and service.block_size == 32
 
 
+async def test_server_long_hold_s_reaches_the_policy_and_the_metrics(engines):
+    overrides = ["router=misa-t", f"engines.urls=[{engines[0].url}]", "server.long_hold_s=12.5"]
+    with initialize_config_dir(config_dir=str(RECIPES_DIR), version_base=None):
+        cfg = compose(CONFIG_NAME, overrides=overrides)
+    service = build_service(cfg)
+    assert service.policy.config.long_hold_s == service.metrics.long_hold_s == 12.5
+
+
 def test_every_router_recipe_names_a_policy_and_impl():
     from omegaconf import OmegaConf
 
@@ -384,7 +392,8 @@ async def test_kv_events_reach_policy_and_state_through_the_service(engines):
 
     pub = zmq.asyncio.Context.instance().socket(zmq.PUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
-    service = RouterService(RecordingPolicy(), [e.url for e in engines], [f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:1"],
+    service = RouterService(RecordingPolicy(), [e.url for e in engines],
+                            kv_event_endpoints=[f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:1"],
                             config=ServiceConfig(scrape_interval_s=0.05))
     await service.start()
     try:

@@ -95,7 +95,7 @@ def _one_session_cap_policy():
 async def test_an_abandoned_held_session_leaves_the_ledger_and_does_not_block_its_class():
     async with running_engines(1, num_blocks=72, block_size=16) as engines:
         service = await _start(engines, _one_session_cap_policy())
-        ledger = service.policy.ledger
+        ledger = service.policy.session_ledger
         try:
             async with httpx.AsyncClient(base_url=service.url, timeout=60) as client:
                 agent = {"X-Workload-Class": "agent"}

@@ -80,6 +80,11 @@ def test_vllm_router_argv_carries_recipe_thresholds():
         # the service's idle timeout was renamed (not the policy's idle_timeout_s): never ignored
         ("sessions.idle_timeout_s=5", 2, "'sessions.idle_timeout_s' was renamed 'sessions.forget_idle_s'"),
         ("+sessions.idle_timeout_s=5", 2, "'sessions.idle_timeout_s' was renamed 'sessions.forget_idle_s'"),
+        # long_hold_s is one knob, the service's: the policy option is refused, naming it
+        ("+router.params.long_hold_s=5", 2, "router.params.long_hold_s is no policy option any more: the router "
+                                            "service's server.long_hold_s sets it"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] server.long_hold_s=0", 2,
+         "server.long_hold_s must be > 0"),
     ],
 )
 def test_config_mistake_gives_one_line_and_no_traceback(override, code, expected):
