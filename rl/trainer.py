@@ -235,7 +235,8 @@ class Trainer:
 
     Args:
         config: the loop's settings (``trainer_config``).
-        sampler, ledger: mixture sampler and ledger (restored on resume).
+        sampler, mixture_ledger: mixture sampler and mixture ledger (restored on resume;
+            saved under the checkpoint key "ledger").
         learner: the policy update (its ``version`` is the policy version).
         workers: workload class -> rollout worker (``async run(unit) -> UnitResult``).
         engine_urls: engines whose counters are scraped for the serving figures.
@@ -247,13 +248,13 @@ class Trainer:
             (pass@k), merged into the metrics.
     """
 
-    def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, ledger: MixtureLedger,
+    def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, mixture_ledger: MixtureLedger,
                  learner: Learner, workers: dict[str, Worker], engine_urls: list[str],
                  router_url: str | None, weight_sync: WeightSync | None, run_dir: Path,
                  log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None):
         self.config = config
         self.sampler = sampler
-        self.ledger = ledger
+        self.mixture_ledger = mixture_ledger
         self.learner = learner
         self.workers = workers
         self.engine_urls = engine_urls
@@ -324,11 +325,11 @@ class Trainer:
         """The next step's groups: by largest consumption deficit against rho, not by which
         finished first (fast classes would otherwise crowd out slow ones: the mixture contract
         is on consumed units, MISA-T section 3.3). Returns (batch, the rest, in order)."""
-        consumed = dict(self.ledger.completed_units)
+        consumed = dict(self.mixture_ledger.completed_units)
         rest, batch = list(ready), []
         for _ in range(min(self.config.groups_per_step, len(rest))):
             ready_classes = {g[0].unit.workload_class for g in rest}
-            target = {b: w for b, w in self.ledger.rho.items() if b in ready_classes}
+            target = {b: w for b, w in self.mixture_ledger.rho.items() if b in ready_classes}
             b = largest_deficit(target, consumed)
             g = next(g for g in rest if g[0].unit.workload_class == b)
             rest.remove(g)
@@ -345,7 +346,7 @@ class Trainer:
         # A group released now is stamped with the current version v; the k-th group queued
         # behind the outstanding ones is trained at version v + updating + k // G_step,
         # which must stay <= v + max_staleness.
-        free = self.config.limits.free_slots(self.ledger.in_flight())
+        free = self.config.limits.free_slots(self.mixture_ledger.in_flight())
         steps_ahead = self.config.limits.max_staleness + 1 - int(updating)
         group_budget = steps_ahead * self.config.groups_per_step - self.outstanding_groups
         while group_budget > 0:
@@ -361,7 +362,7 @@ class Trainer:
                     raise TrainerError(
                         f"no rollout worker for workload class {unit.workload_class!r}; set its "
                         f"rho weight to 0 or configure one ({sorted(self.workers)})")
-                self.ledger.record_released(unit.unit_id, unit.workload_class)
+                self.mixture_ledger.record_released(unit.unit_id, unit.workload_class)
                 in_flight[asyncio.ensure_future(self.workers[unit.workload_class](unit))] = unit
 
     def _collect(self, res: UnitResult, unit: RolloutUnit, groups, ready, it: IterationStats) -> None:
@@ -383,10 +384,10 @@ class Trainer:
         is trained, and its place in the release budget is freed for another group."""
         for r in group:
             if r.ok:
-                self.ledger.record_completed(r.unit.unit_id)
+                self.mixture_ledger.record_completed(r.unit.unit_id)
                 it.filtered_units += 1
             else:
-                self.ledger.record_dropped(r.unit.unit_id)
+                self.mixture_ledger.record_dropped(r.unit.unit_id)
                 it.record_failed(r)
         it.filtered_by_class[group[0].unit.workload_class] += 1
         self.outstanding_groups -= 1
@@ -415,7 +416,7 @@ class Trainer:
         if all(self.config.limits.is_fresh(r.unit.policy_version, self.learner.version) for r in group):
             return True
         for r in group:
-            self.ledger.record_dropped(r.unit.unit_id)
+            self.mixture_ledger.record_dropped(r.unit.unit_id)
             it.dropped_stale += 1
         self.outstanding_groups -= 1
         return False
@@ -429,18 +430,18 @@ class Trainer:
             ok = [r for r in group if r.ok]
             for r in group:
                 if not r.ok:
-                    self.ledger.record_dropped(r.unit.unit_id)
+                    self.mixture_ledger.record_dropped(r.unit.unit_id)
                     it.record_failed(r)
             for r in ok:
                 rewards_by_class[r.unit.workload_class].append(r.reward)
             if len(ok) < 2:
                 for r in ok:  # one unit carries no group signal: counted as consumed
-                    self.ledger.record_completed(r.unit.unit_id)
+                    self.mixture_ledger.record_completed(r.unit.unit_id)
                 continue
             adv = group_advantages([r.reward for r in ok], [r.unit.group_id for r in ok],
                                    scale_by_std=self.config.loss.scale_adv_by_std)
             for r, a in zip(ok, adv.tolist()):
-                self.ledger.record_completed(r.unit.unit_id)
+                self.mixture_ledger.record_completed(r.unit.unit_id)
                 if a == 0.0:
                     # All rewards of the group equal: no gradient signal, so no forward
                     # and backward pass is spent on it (it still counts as consumed).
@@ -477,9 +478,9 @@ class Trainer:
         finished = [r for r in it.units if r.ok]
         self.totals["units"] += len(finished)
         state = await asyncio.to_thread(self._router_state)
-        snap = self.ledger.snapshot()
+        snap = self.mixture_ledger.snapshot()
         trained = dict(self.trained_units)
-        trained_mix = {b: trained.get(b, 0) / max(sum(trained.values()), 1) for b in self.ledger.rho}
+        trained_mix = {b: trained.get(b, 0) / max(sum(trained.values()), 1) for b in self.mixture_ledger.rho}
         m = {
             "iteration": self.iterations_done,
             "policy_version": self.learner.version,
@@ -495,7 +496,7 @@ class Trainer:
             "consumed_mixture": snap.get("consumed_mixture"),
             "tv_distance": snap.get("consumed_tv"),
             "trained_mixture": trained_mix,
-            "trained_tv": tv_distance(trained_mix, self.ledger.rho) if trained else None,
+            "trained_tv": tv_distance(trained_mix, self.mixture_ledger.rho) if trained else None,
             "backlog": snap.get("backlog"),
             "released": snap.get("released"),
             "completed": snap.get("completed"),
@@ -566,7 +567,7 @@ class Trainer:
         still has a whole checkpoint to resume from."""
         folder = self.run_dir / f"{CHECKPOINT_DIR}-v{self.learner.version}"
         self.learner.save_checkpoint(folder, extra={
-            "sampler": self.sampler.state_dict(), "ledger": self.ledger.state_dict(),
+            "sampler": self.sampler.state_dict(), "ledger": self.mixture_ledger.state_dict(),
             "history": self.history, "totals": self.totals,
             "trained_units": dict(self.trained_units)})
         latest = self.run_dir / CHECKPOINT_DIR
@@ -600,9 +601,9 @@ class Trainer:
             return False
         extra = self.learner.load_checkpoint(folder)
         self.sampler.load_state_dict(extra["sampler"])
-        self.ledger.load_state_dict(extra["ledger"])
-        for unit_id in list(self.ledger.state_dict()["in_flight"]):
-            self.ledger.record_dropped(unit_id)
+        self.mixture_ledger.load_state_dict(extra["ledger"])
+        for unit_id in list(self.mixture_ledger.state_dict()["in_flight"]):
+            self.mixture_ledger.record_dropped(unit_id)
         self.history = list(extra.get("history", []))
         self.totals = {**self.totals, **dict(extra.get("totals", {}))}
         self.trained_units = Counter(extra.get("trained_units", {}))

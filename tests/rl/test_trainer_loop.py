@@ -115,7 +115,7 @@ class FakeSync:
 
 def trainer(tmp_path, cfg, workers=None, learner=None, sync=None):
     w = make_worker()
-    return Trainer(trainer_config(cfg), sampler=sampler(), ledger=MixtureLedger(RHO),
+    return Trainer(trainer_config(cfg), sampler=sampler(), mixture_ledger=MixtureLedger(RHO),
                    learner=learner or FakeLearner(),
                    workers=workers or {"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[],
                    router_url=None, weight_sync=sync, run_dir=tmp_path)
@@ -146,10 +146,10 @@ def test_loop_takes_the_configured_steps_and_logs_each(tmp_path):
 def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_path):
     t = trainer(tmp_path, tcfg(iterations=4))
     history = asyncio.run(t.run())
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
     # Completed = trained on + consumed without signal (a filtered group, or a unit of
     # zero advantage inside an informative one).
-    s = t.ledger.snapshot()
+    s = t.mixture_ledger.snapshot()
     assert sum(s["completed"].values()) == (sum(len(b) for b in t.learner.trained)
                                             + sum(h["zero_advantage_units"] + h["filtered_units"]
                                                   for h in history))
@@ -158,7 +158,7 @@ def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_
 def test_consumed_mixture_follows_the_target(tmp_path):
     t = trainer(tmp_path, tcfg(iterations=12, groups_per_step=3, max_in_flight=24))
     asyncio.run(t.run())
-    assert t.ledger.consumed_tv() < 0.15
+    assert t.mixture_ledger.consumed_tv() < 0.15
 
 
 def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
@@ -182,23 +182,23 @@ def test_units_older_than_the_staleness_bound_are_dropped_not_trained(tmp_path):
 
     learner, w = FakeLearner(), make_worker(hold=hold)
     t = Trainer(trainer_config(tcfg(max_staleness=1, iterations=6, groups_per_step=1)), sampler=sampler(),
-                ledger=MixtureLedger(RHO), learner=learner, workers={"agent": w, "rlvr": w, "rlhf": w},
+                mixture_ledger=MixtureLedger(RHO), learner=learner, workers={"agent": w, "rlvr": w, "rlhf": w},
                 engine_urls=[], router_url=None, weight_sync=None, run_dir=tmp_path, log=on_iteration)
     history = asyncio.run(t.run())
     assert len(held) == 1 and published.is_set()
     assert sum(h["dropped_stale"] for h in history) == 2  # the held group's 2 units, no other
     # every other unit was trained on (all groups informative, no advantage 0)
-    s = t.ledger.snapshot()
+    s = t.mixture_ledger.snapshot()
     assert sum(len(b) for b in learner.trained) == sum(s["completed"].values())
     assert s["dropped"] == {**{b: 0 for b in s["dropped"]}, "agent": 2}
     assert all(h["staleness_mean"] <= 1.0 for h in history)
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
 
 
 def test_release_stops_at_what_the_staleness_window_can_train(tmp_path):
     t = trainer(tmp_path, tcfg(max_staleness=1, groups_per_step=2, max_in_flight=1000, iterations=5))
     history = asyncio.run(t.run())
-    released = sum(t.ledger.released_units.values())
+    released = sum(t.mixture_ledger.released_units.values())
     # At most (max_staleness + 1) * groups_per_step groups beyond those consumed (trained
     # on, or without signal: zero advantage or a filtered group).
     assert released <= sum(h["trained_units"] + h["zero_advantage_units"] + h["filtered_units"]
@@ -215,23 +215,23 @@ def test_failed_units_are_dropped_and_never_trained(tmp_path):
     trained = [s for batch in learner.trained for s in batch]
     assert trained and len(trained) == sum(h["trained_units"] for h in history)
     assert all(s.advantage != 0.0 for s in trained)  # equal-reward groups carry no signal
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
 
 
 def test_resume_continues_from_the_checkpoint_without_counting_a_unit_twice(tmp_path):
     first = trainer(tmp_path, tcfg(iterations=2))
     asyncio.run(first.run())
-    completed_before = dict(first.ledger.completed_units)
+    completed_before = dict(first.mixture_ledger.completed_units)
 
     second = trainer(tmp_path, tcfg(iterations=4))
     assert second.resume()
     assert second.learner.version == 2
-    assert second.ledger.in_flight() == 0  # units lost with the old process were dropped
+    assert second.mixture_ledger.in_flight() == 0  # units lost with the old process were dropped
     assert second.sampler.num_groups == first.sampler.num_groups
     history = asyncio.run(second.run())
     assert [h["iteration"] for h in history][-2:] == [3, 4]
-    assert all(second.ledger.completed_units[b] >= n for b, n in completed_before.items())
-    assert books_balance(second.ledger)
+    assert all(second.mixture_ledger.completed_units[b] >= n for b, n in completed_before.items())
+    assert books_balance(second.mixture_ledger)
 
 
 def test_no_worker_for_a_released_class_is_a_clear_error(tmp_path):
@@ -252,7 +252,7 @@ def test_evaluation_runs_every_k_steps_and_lands_in_the_metrics(tmp_path):
 
     w = make_worker()
     t = Trainer(trainer_config(tcfg(iterations=4, eval_every=2)), sampler=sampler(),
-                ledger=MixtureLedger(RHO), learner=FakeLearner(),
+                mixture_ledger=MixtureLedger(RHO), learner=FakeLearner(),
                 workers={"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[], router_url=None,
                 weight_sync=None, run_dir=tmp_path, evaluate=evaluate)
     history = asyncio.run(t.run())
@@ -269,10 +269,10 @@ def test_batch_takes_ready_groups_by_consumption_deficit_not_finish_order(tmp_pa
     ready = sorted(groups.values(), key=lambda g: g[0].unit.workload_class != "agent")  # agent first
     for g in ready[:3]:  # the ledger has already consumed agent units
         for r in g:
-            t.ledger.record_released(r.unit.unit_id, r.unit.workload_class)
+            t.mixture_ledger.record_released(r.unit.unit_id, r.unit.workload_class)
     for g in ready[:2]:
         for r in g:
-            t.ledger.record_completed(r.unit.unit_id)
+            t.mixture_ledger.record_completed(r.unit.unit_id)
     batch, rest = t._pick_batch(ready[2:])
     assert {g[0].unit.workload_class for g in batch} == {"rlvr", "rlhf"}
     assert len(rest) == len(ready) - 4
@@ -305,7 +305,7 @@ def test_failed_units_are_logged_with_their_reason_and_counted_per_reason(tmp_pa
     assert any("agent_timeout" in m and "no answer within 0.2 s" in m for m in one_each)
     assert any("aborted" in m and "aborted by the engine" in m for m in one_each)
     assert len(one_each) <= DROP_LOG_LINES_PER_REASON * 2 * len(history)  # rate-limited
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
 
 
 def test_drops_beyond_the_first_few_per_reason_go_into_one_summary_line(caplog):
@@ -414,11 +414,11 @@ def test_equal_reward_groups_are_replaced_so_no_step_is_empty(tmp_path):
     assert sum(h["filtered_groups"] for h in history) > 0
     assert all(h.get("filtered_share/agent", 1.0) == 1.0 for h in history)
     # filtered units are consumed (the mixture ledger's books), never trained on
-    s = t.ledger.snapshot()
+    s = t.mixture_ledger.snapshot()
     assert s["completed"]["agent"] > 0 and t.trained_units["agent"] == 0
     assert history[-1]["trained_mixture"]["agent"] == 0.0
     assert history[-1]["trained_tv"] > history[-1]["tv_distance"]
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
 
 
 def test_dynamic_sampling_gives_up_after_its_bound_and_skips_an_update_with_nothing(tmp_path, caplog):
@@ -444,7 +444,7 @@ def test_dynamic_sampling_gives_up_after_its_bound_and_skips_an_update_with_noth
     # at least the bound was examined (groups finishing together may pass it)
     assert all(int(re.search(r"0 of (\d+) groups", m).group(1)) >= 4 for m in give_ups)
     assert all("skipping the update" in m for m in give_ups)
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
 
 
 def test_dynamic_sampling_gives_up_and_trains_on_the_informative_groups_it_has(tmp_path, caplog):
@@ -462,7 +462,7 @@ def test_dynamic_sampling_gives_up_and_trains_on_the_informative_groups_it_has(t
     msgs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dynamic sampling")]
     assert any("training on those" in m for m in msgs)
     assert all(h["trained_units"] > 0 for h in history if not h["skipped_update"])
-    assert books_balance(t.ledger)
+    assert books_balance(t.mixture_ledger)
 
 
 def test_max_release_factor_below_one_is_refused(tmp_path):
