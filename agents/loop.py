@@ -206,7 +206,7 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
         # episodes and its /health on this loop): the copy here, the diff below.
         ws = await asyncio.to_thread(Workspace.create, task.snapshot, root=cfg.workspace_root,
                                      isolation=cfg.isolation, limits=cfg.command_limits)
-        tools = Toolbox(ws, task, cfg.command_limits, cfg.max_observation_chars)
+        tools = Toolbox(ws, task, cfg.command_limits, max_observation_chars=cfg.max_observation_chars)
         for turn in range(lim.max_turns):
             room = lim.max_context_tokens - len(traj)
             if room < lim.min_turn_tokens:

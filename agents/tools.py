@@ -66,7 +66,7 @@ class Toolbox:
     """
 
     def __init__(self, workspace: Workspace, task: Task, command_limits: Limits,
-                 max_observation_chars: int = 4000) -> None:
+                 *, max_observation_chars: int = 4000) -> None:
         self.ws = workspace
         self.task = task
         self.limits = command_limits

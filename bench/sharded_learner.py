@@ -40,7 +40,7 @@ class ToyLlama(torch.nn.Module):
     causal self-attention and a SiLU-gated MLP. ``forward(input_ids [B, L],
     attention_mask [B, L])`` returns an object with ``.logits`` [B, L, vocab]."""
 
-    def __init__(self, vocab: int, hidden: int, layers: int, heads: int):
+    def __init__(self, vocab: int, *, hidden: int, layers: int, heads: int):
         super().__init__()
         self.heads = heads
         self.embed_tokens = torch.nn.Embedding(vocab, hidden)
@@ -82,7 +82,7 @@ def build_model(args) -> tuple[torch.nn.Module, str]:
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
-        return ToyLlama(args.vocab, args.hidden, args.layers, 4), "ToyLlama (torch only)"
+        return ToyLlama(args.vocab, hidden=args.hidden, layers=args.layers, heads=4), "ToyLlama (torch only)"
     cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                       num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
                       tie_word_embeddings=True, pad_token_id=0, use_cache=False)

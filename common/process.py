@@ -142,6 +142,7 @@ class ManagedProcess:
         name: str,
         argv: Sequence[str],
         log_path: Path,
+        *,
         health_url: str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike | None = None,

@@ -141,7 +141,7 @@ class RankGroup:
     """
 
     def __init__(self, info: RankInfo, backend: str, collective_timeout_s: float,
-                 log_path: str | None = None):
+                 *, log_path: str | None = None):
         import torch.distributed as dist
 
         self.info = info

@@ -138,7 +138,7 @@ class RewardModelScorer:
         RewardError: the model cannot be loaded or has more than one output label.
     """
 
-    def __init__(self, model_path: str, device: str = "cpu", max_length_tokens: int = 2048,
+    def __init__(self, model_path: str, device: str = "cpu", *, max_length_tokens: int = 2048,
                  batch_size: int = 8):
         from transformers import AutoModelForSequenceClassification
 
@@ -184,7 +184,7 @@ class ZeroShotJudgeScorer:
         RewardError: the model cannot be loaded, or a digit 1..9 is not one token.
     """
 
-    def __init__(self, model_path: str, device: str = "cpu", max_answer_chars: int = 2000,
+    def __init__(self, model_path: str, device: str = "cpu", *, max_answer_chars: int = 2000,
                  batch_size: int = 8):
         from transformers import AutoModelForCausalLM
 

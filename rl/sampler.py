@@ -127,7 +127,7 @@ class MixtureSampler:
     """
 
     def __init__(self, rho: Mapping[str, float], classes: Mapping[str, WorkloadClassSpec],
-                 seed: int = 0, run_id: str = "run"):
+                 *, seed: int = 0, run_id: str = "run"):
         self.rho = normalize_mixture(rho)
         missing = [b for b, w in self.rho.items() if w > 0 and b not in classes]
         if missing:

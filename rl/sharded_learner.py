@@ -193,7 +193,7 @@ class ShardedLearner(Learner):
     """
 
     def __init__(self, group: RankGroup, model_path: str | Path | None, cfg: LearnerConfig,
-                 module: torch.nn.Module | None = None, pad_token_id: int | None = None):
+                 *, module: torch.nn.Module | None = None, pad_token_id: int | None = None):
         self.group = group
         self.cfg = cfg
         self.model_path = str(model_path) if model_path is not None else None

@@ -130,7 +130,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     if agent_client is not None:
         extra["agent"] = {"swe": (AgentTaskSource(await agent_client.tasks()), 1.0)}
     sampler = sampler_from_config(tcfg, int(cfg.seed), run_id=run_dir.name, extra_sources=extra)
-    ledger = MixtureLedger(tcfg.rho)
+    mixture_ledger = MixtureLedger(tcfg.rho)
     # Client (rollout/client.py): model calls through the router, with the session headers.
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
     client = ModelClient(http, stack.router_url, name,
@@ -139,11 +139,12 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     # Workers (rl/workers.py) with the rewards (rl/reward_pool.py): a unit -> one completion
     # and its reward (rlvr, rlhf), or an episode on the agent server (agents/server.py).
     rewards = RewardPool(reward_cfg, stack.model_path)
-    single = SingleTurnWorker(client, tokenizer, rewards, tcfg.max_tokens, int(cfg.model.max_model_len))
+    single = SingleTurnWorker(client, tokenizer, rewards, max_tokens=tcfg.max_tokens,
+                              max_model_len=int(cfg.model.max_model_len))
     workers = {"rlvr": single.run, "rlhf": single.run}
     if agent_client is not None:
         workers["agent"] = AgentWorker(agent_client, stack.router_url, name,
-                                       OmegaConf.to_container(tcfg.agent_limits, resolve=True),
+                                       limits=OmegaConf.to_container(tcfg.agent_limits, resolve=True),
                                        sampling=OmegaConf.to_container(tcfg.sampling, resolve=True)).run
     # Learner (rl/learner.py, rl/grpo.py): the GRPO update on the finished samples.
     console.print("loading the learner ...")
@@ -207,7 +208,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         return {f"eval/{bench}/{metric}": v["mean"] for bench, r in res.items()
                 for metric, v in r["metrics"].items()}
 
-    trainer = Trainer(trainer_config(tcfg), sampler=sampler, ledger=ledger, learner=learner,
+    trainer = Trainer(trainer_config(tcfg), sampler=sampler, mixture_ledger=mixture_ledger, learner=learner,
                       workers=workers, engine_urls=stack.engines.urls,
                       router_url=stack.router_url if ours else None, weight_sync=sync,
                       run_dir=run_dir, log=log, evaluate=evaluate)

@@ -87,7 +87,7 @@ class SingleTurnWorker:
     """
 
     def __init__(self, client: ModelClient, tokenizer, rewards,
-                 max_tokens: Mapping[str, int], max_model_len: int):
+                 *, max_tokens: Mapping[str, int], max_model_len: int):
         self.client = client
         self.tok = tokenizer
         self.rewards = rewards
@@ -139,7 +139,7 @@ class AgentWorker:
     """
 
     def __init__(self, client: AgentServerClient, router_url: str, model: str,
-                 limits: Mapping[str, Any] | None = None,
+                 *, limits: Mapping[str, Any] | None = None,
                  sampling: Mapping[str, Any] | None = None):
         self.client = client
         self.router_url = router_url

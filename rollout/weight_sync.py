@@ -379,7 +379,7 @@ class NcclWeightSync:
     """
 
     def __init__(self, engine_urls: Sequence[str], workers_per_engine: int = 1,
-                 cfg: WeightSyncConfig | None = None, device: str = "cuda:0"):
+                 cfg: WeightSyncConfig | None = None, *, device: str = "cuda:0"):
         self.cfg = cfg or WeightSyncConfig(method="nccl")
         self.control = _EngineControl(engine_urls, self.cfg)
         self.workers_per_engine = int(workers_per_engine)

@@ -61,7 +61,7 @@ class SessionRecord:
         "floor_admitted", "block_seconds", "last_observed_s", "last_observed_blocks",
     )  # fmt: skip
 
-    def __init__(self, session_id: str, workload_class: str, group_id: str | None, now: float) -> None:
+    def __init__(self, session_id: str, workload_class: str, *, group_id: str | None, now: float) -> None:
         self.session_id = session_id
         self.workload_class = workload_class
         self.group_id = group_id
@@ -258,7 +258,7 @@ class SessionLedger:
         """The session's record, created (state NEW) if unknown."""
         rec = self._sessions.get(session_id)
         if rec is None:
-            rec = self._sessions[session_id] = SessionRecord(session_id, workload_class, group_id, now)
+            rec = self._sessions[session_id] = SessionRecord(session_id, workload_class, group_id=group_id, now=now)
         return rec
 
     def hold(self, rec: SessionRecord, reason: str, now: float) -> None:

@@ -299,7 +299,7 @@ class UpstreamResponse:
 class PendingRequest:
     """A request written to an engine whose answer has not been read yet."""
 
-    def __init__(self, client: UpstreamClient, conn: _Connection, data: bytes, reused: bool) -> None:
+    def __init__(self, client: UpstreamClient, conn: _Connection, *, data: bytes, reused: bool) -> None:
         self._client = client
         self._conn = conn
         self._data = data
@@ -398,7 +398,7 @@ class UpstreamClient:
         reused = bool(engine.idle)
         conn = engine.idle.pop() if reused else await self._connect(engine)
         conn.send(data)
-        return PendingRequest(self, conn, data, reused)
+        return PendingRequest(self, conn, data=data, reused=reused)
 
     async def request(
         self, base_url: str, method: str, path: str, raw_headers: Iterable[tuple[bytes, bytes]], body: bytes = b""

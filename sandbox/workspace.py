@@ -256,7 +256,7 @@ class Workspace:
         uid: the workspace's own user id in root-host mode, else None.
     """
 
-    def __init__(self, path: Path, snapshot: Path, isolation: IsolationConfig,
+    def __init__(self, path: Path, snapshot: Path, *, isolation: IsolationConfig,
                  limits: Limits, uid: int | None, owns_root: Path | None) -> None:
         self.path = path
         self.snapshot = snapshot
@@ -294,7 +294,7 @@ class Workspace:
             uid = _UIDS.take(isolation.uid_base)
             _kill_uid(uid)  # anything a dead former holder of the uid left behind
             _chown_tree(path, uid)
-        ws = cls(path, snapshot, isolation, limits or Limits(), uid, parent)
+        ws = cls(path, snapshot, isolation=isolation, limits=limits or Limits(), uid=uid, owns_root=parent)
         ws._owner_lock_fd = lock_fd
         return ws
 

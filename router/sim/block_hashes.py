@@ -31,7 +31,7 @@ class SessionChain:
 
     __slots__ = ("_keys", "_ends", "block_size", "hashes", "_shared")
 
-    def __init__(self, class_key: int, group_key: int, session_key: int, class_prefix_tokens: int,
+    def __init__(self, class_key: int, group_key: int, session_key: int, *, class_prefix_tokens: int,
                  group_prefix_tokens: int, block_size: int, shared: dict) -> None:
         self._keys = (class_key, group_key, session_key)
         self._ends = (class_prefix_tokens, max(group_prefix_tokens, class_prefix_tokens))

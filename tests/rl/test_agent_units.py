@@ -49,7 +49,7 @@ async def test_agent_episodes_sample_with_the_trainers_sampling():
                        Prompt("swe/x", "swe", (), metadata={"instance_id": "x"}))
     client = RecordingAgentClient()
     sampling = {"temperature": 0.8, "top_p": 1.0}
-    result = await AgentWorker(client, "http://router", "m", {"max_turns": 3}, sampling).run(unit)
+    result = await AgentWorker(client, "http://router", "m", limits={"max_turns": 3}, sampling=sampling).run(unit)
     assert result.ok and result.reward == 1.0
     (req,) = client.requests
     assert req["sampling"] == sampling and req["limits"] == {"max_turns": 3}

@@ -117,7 +117,7 @@ def test_kv_event_endpoints_pair_with_engines_or_are_empty():
 
 def test_router_service_and_training_job_refuse_a_bad_kv_endpoint():
     with pytest.raises(RouterConfigError, match=r"engines\.kv_event_endpoints\[0\]='tcp://\*:5557'"):
-        RouterService(RoundRobinPolicy(), ["http://127.0.0.1:8001"], ["tcp://*:5557"])
+        RouterService(RoundRobinPolicy(), ["http://127.0.0.1:8001"], kv_event_endpoints=["tcp://*:5557"])
     ecfg = compose("train", ["engine.urls=[http://127.0.0.1:8001]", "engine.kv_event_endpoints=[localhost:5557]"]).engine
     with pytest.raises(EngineError, match=r"engine\.kv_event_endpoints\[0\]='localhost:5557' .*no transport"):
         validate_engine_cfg(ecfg)
