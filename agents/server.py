@@ -7,9 +7,9 @@ Endpoints (JSON):
 - ``POST /v1/episodes``: submit an episode, answer ``202 {"episode_id"}`` at once;
   ``GET /v1/episodes/{id}?wait_s=30`` long-polls: ``{"state": "queued"|"running"|"done",
   "result": EpisodeResult | null}``; a done result is dropped after it was fetched.
-- ``GET /v1/tasks``: the instance ids the server can run. ``GET /health``, ``GET /metrics``.
+- ``GET /v1/tasks``: the task ids the server can run. ``GET /health``, ``GET /metrics``.
 
-Episode request body: ``instance_id`` (or ``task``: a full SWE-bench instance with a
+Episode request body: ``instance_id`` (or ``task``: a full SWE-bench task with a
 ``snapshot`` path), and optional ``session_id`` (default: a new id), ``group_id``,
 ``unit_id``, ``policy_version``, ``router_url``, ``model`` (the served model name; the
 server's default is its ``served_model_name`` key), ``sampling`` (request fields such as
@@ -215,7 +215,7 @@ class AgentService:
                                  workload_class=self.cfg.workload_class,
                                  group_id=body.get("group_id"), unit_id=body.get("unit_id"))
         client = ModelClient(self.http, router_url, body.get("model") or model,
-                             {**OmegaConf.to_container(self.cfg.sampling), **(body.get("sampling") or {})},
+                             sampling={**OmegaConf.to_container(self.cfg.sampling), **(body.get("sampling") or {})},
                              timeout_s=self.cfg.model_timeout_s, retries=self.cfg.model_retries)
         self.m_queued.inc()
         async with self._sem:

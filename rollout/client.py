@@ -27,9 +27,19 @@ import httpx
 from router.headers import SessionHeaders
 
 
-class ClientError(RuntimeError):
-    """A model call failed (HTTP error, malformed or aborted answer); the message says
-    which call."""
+class ModelCallError(RuntimeError):
+    """A model call failed (HTTP error, malformed or aborted answer, or the endpoint failed
+    after retries); the message says which call. Raised by both clients here
+    (``RolloutClient``, ``ModelClient``); an agent episode ends with status model_error.
+
+    Attributes:
+        reason: a short name for the metrics: ``aborted`` (the engine cancelled the
+            request) or ``model_error`` (HTTP failure or malformed answer).
+    """
+
+    def __init__(self, message: str, reason: str = "model_error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 # vLLM answers a request cancelled by ``/pause?mode=abort`` (a weight sync with
@@ -71,7 +81,7 @@ class RolloutClient:
         max_connections: connection-pool size.
     """
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0,
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0,
                  max_connections: int = 256):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -85,7 +95,7 @@ class RolloutClient:
         """POST /v1/chat/completions; ``params`` go into the body (max_tokens, temperature, ...).
 
         Raises:
-            ClientError: non-2xx answer or a body without choices.
+            ModelCallError: non-2xx answer, a body without choices, or an aborted completion.
         """
         body = {"model": self.model, "messages": messages, **params}
         return await self._post("/v1/chat/completions", body, tag, session_end,
@@ -104,17 +114,17 @@ class RolloutClient:
         try:
             r = await self._http.post(path, json=body, headers=tag.headers(session_end))
         except httpx.HTTPError as e:
-            raise ClientError(f"{path} for session {tag.session_id} failed: {e!r}") from e
+            raise ModelCallError(f"{path} for session {tag.session_id} failed: {e!r}") from e
         dt = time.monotonic() - t0
         if r.status_code >= 400:
-            raise ClientError(f"{path} for session {tag.session_id}: HTTP {r.status_code}: "
+            raise ModelCallError(f"{path} for session {tag.session_id}: HTTP {r.status_code}: "
                               f"{r.text[:300]}")
         data = r.json()
         choices = data.get("choices") or []
         if not choices:
-            raise ClientError(f"{path} for session {tag.session_id}: answer has no choices")
+            raise ModelCallError(f"{path} for session {tag.session_id}: answer has no choices")
         if choices[0].get("finish_reason") == ABORTED:
-            raise ClientError(f"{path} for session {tag.session_id}: {_ABORT_MESSAGE}")
+            raise ModelCallError(f"{path} for session {tag.session_id}: {_ABORT_MESSAGE}", reason="aborted")
         usage = data.get("usage") or {}
         return Completion(text_of(choices[0]), choices[0].get("finish_reason"),
                           int(usage.get("prompt_tokens") or 0),
@@ -128,20 +138,6 @@ class RolloutClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
-
-
-class ModelCallError(RuntimeError):
-    """The model endpoint failed after retries, or aborted the request; the episode ends
-    with status model_error.
-
-    Attributes:
-        reason: a short name for the metrics: ``aborted`` (the engine cancelled the
-            request) or ``model_error`` (HTTP failure or malformed answer).
-    """
-
-    def __init__(self, message: str, reason: str = "model_error") -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -183,7 +179,7 @@ class ModelClient:
     """
 
     def __init__(self, http: httpx.AsyncClient, base_url: str, model: str,
-                 sampling: dict[str, Any] | None = None, timeout_s: float = 600.0,
+                 *, sampling: dict[str, Any] | None = None, timeout_s: float = 600.0,
                  retries: int = 2) -> None:
         self.http = http
         self.url = base_url.rstrip("/") + "/v1/completions"

@@ -45,7 +45,7 @@ class ConstantBug:
     """One package whose constant ``name`` is ``wrong`` where it must be ``right``.
 
     Attributes:
-        package: package folder (also the instance's short name).
+        package: package folder (also the task's short name).
         doc: the module's docstring.
         name: the constant (``UPPER_CASE``).
         wrong, right: one-digit values (the fix changes one token).

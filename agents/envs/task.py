@@ -1,4 +1,4 @@
-"""Task instances in the SWE-bench format, and their reward: do the right tests pass?
+"""SWE tasks in the SWE-bench format, and their reward: do the right tests pass?
 
 One task is one JSON line::
 
@@ -29,12 +29,12 @@ _REPORT_FILE = ".misa-test-report.xml"
 
 
 class TaskError(ValueError):
-    """A task file or instance is malformed; the message names the task and the field."""
+    """A task file, or a task in it, is malformed; the message names the task and the field."""
 
 
 @dataclass(frozen=True)
 class Task:
-    """One SWE-style task (SWE-bench instance fields plus where its snapshot lies).
+    """One SWE-style task (SWE-bench's task fields plus where its snapshot lies).
 
     Attributes:
         instance_id: unique id, ``<repo>__<name>``.
@@ -100,7 +100,7 @@ def load_tasks(path: str | Path) -> dict[str, Task]:
     """Read a JSONL file of tasks: instance_id -> Task.
 
     Raises:
-        TaskError: the file is missing, a line is not JSON, or an instance is malformed.
+        TaskError: the file is missing, a line is not JSON, or a task is malformed.
     """
     path = Path(path)
     if not path.is_file():

@@ -166,7 +166,7 @@ async def draw_chat(ctx: SampleContext, key: str, messages: list[dict[str, str]]
         The completion text.
 
     Raises:
-        rollout.client.ClientError: the call failed (the caller records an ``error``).
+        rollout.client.ModelCallError: the call failed (the caller records an ``error``).
     """
     tag = SessionHeaders(session_id=f"{ctx.run_id}/{key}", workload_class=workload_class)
     completion = await ctx.client.chat(

@@ -23,7 +23,7 @@ from pathlib import Path
 from rl.data.code import extract_program
 from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
                                 SampleResult, draw_chat, sample_key)
-from rollout.client import ClientError
+from rollout.client import ModelCallError
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace
 
 HUMANEVAL_FIELDS = ("task_id", "prompt", "test", "entry_point")
@@ -167,7 +167,7 @@ class HumanEvalBenchmark:
         try:
             text = await draw_chat(ctx, key, messages, self.workload_class)
             outcome, detail = await self.grade(problem, text)
-        except ClientError as e:
+        except ModelCallError as e:
             return SampleResult(**result, outcome=ERROR, error=str(e))
         except SandboxError as e:
             return SampleResult(**result, outcome=ERROR, answer=text, error=str(e))

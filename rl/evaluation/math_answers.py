@@ -23,7 +23,7 @@ from rl.data.base import DataError, Prompt
 from rl.data.gsm8k import gsm8k_prompt, iter_gsm8k_file, load_gsm8k_hub, looks_like_hub_id
 from rl.evaluation.base import (ERROR, FAIL, PASS, EvalError, EvalProblem, SampleContext,
                                 SampleResult, draw_chat, sample_key)
-from rollout.client import ClientError
+from rollout.client import ModelCallError
 
 
 @dataclass
@@ -60,7 +60,7 @@ class MathBenchmark:
         result = dict(benchmark=self.name, problem_id=problem.problem_id, sample_index=sample_index)
         try:
             text = await draw_chat(ctx, key, list(prompt.messages), self.workload_class)
-        except ClientError as e:
+        except ModelCallError as e:
             return SampleResult(**result, outcome=ERROR, error=str(e))
         try:
             reward = MathVerifyReward()(prompt, text)

@@ -1,6 +1,6 @@
-"""SWE-style benchmarks: instances in the SWE-bench format run as agent episodes.
+"""SWE-style benchmarks: tasks in the SWE-bench format run as agent episodes.
 
-Input: a JSONL of instances (``agents/envs/task.py``: the project's tasks, or SWE-bench
+Input: a JSONL of tasks (``agents/envs/task.py``: the project's tasks, or SWE-bench
 Lite / Verified rows). SWE-bench rows carry ``FAIL_TO_PASS``/``PASS_TO_PASS`` as
 JSON-encoded strings and no local ``snapshot``; both are accepted: the lists are decoded,
 and a missing snapshot is looked up as ``<snapshots_dir>/<instance_id>`` (a checkout of
@@ -10,23 +10,23 @@ new tests) is applied before grading.
 Each sample is one episode of the agent loop (``agents.loop.run_episode``) through the
 router. Grading is SWE-bench's resolved rule, run locally in the sandbox: the episode's
 patch is applied to a fresh copy of the snapshot (then the ``test_patch``), and the
-instance is resolved when every FAIL_TO_PASS test passes and every PASS_TO_PASS test
+task is resolved when every FAIL_TO_PASS test passes and every PASS_TO_PASS test
 still passes. The patches are also written in the SWE-bench predictions format
 (``instance_id``, ``model_name_or_path``, ``model_patch``; one file per sample index) so
 that the official harness can grade them where Docker exists:
 
-    python -m swebench.harness.run_evaluation --dataset_name <instances.jsonl> \\
+    python -m swebench.harness.run_evaluation --dataset_name <tasks.jsonl> \\
         --predictions_path <out_dir>/swe_predictions.sample0.jsonl --run_id eval0
 
 With ``grader="swebench"`` the official harness grades instead (``rl.evaluation.swebench_harness``):
 each episode's patch is recorded ``ungraded``, and after sampling ``grade_pending`` runs the
 harness on them and reads its report back into per-sample results.
 
-Before sampling, each instance is checked on its unchanged snapshot: PASS_TO_PASS tests
-must pass and FAIL_TO_PASS tests must not all pass already; an instance whose tests do not
+Before sampling, each task is checked on its unchanged snapshot: PASS_TO_PASS tests
+must pass and FAIL_TO_PASS tests must not all pass already; a task whose tests do not
 run is reported as an error, never as a failed or passed sample. (Not with the official
 harness: SWE-bench repositories' tests need their Docker environment to run; the harness
-reports an instance whose environment fails as an error itself.)
+reports a task whose environment fails as an error itself.)
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ from sandbox import Limits, SandboxError, Workspace
 _LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
-def _instance_dict(obj: Any, snapshots_dir: Path | None, base_dir: Path) -> dict[str, Any]:
+def _task_dict(obj: Any, snapshots_dir: Path | None, base_dir: Path) -> dict[str, Any]:
     """Normalise one SWE-bench row to the project's task format.
 
     Raises:
         TaskError: not an object, list fields that are not JSON lists, no snapshot found.
     """
     if not isinstance(obj, dict):
-        raise TaskError("instance is not a JSON object")
+        raise TaskError("task is not a JSON object")
     obj = dict(obj)
     name = obj.get("instance_id", "<no instance_id>")
     for key in _LIST_FIELDS:
@@ -71,7 +71,7 @@ def _instance_dict(obj: Any, snapshots_dir: Path | None, base_dir: Path) -> dict
     if "snapshot" not in obj and snapshots_dir is not None and "instance_id" in obj:
         obj["snapshot"] = str(snapshots_dir / str(obj["instance_id"]))
     if "snapshot" not in obj:
-        raise TaskError(f"task {name}: no 'snapshot' folder; give one per instance or set "
+        raise TaskError(f"task {name}: no 'snapshot' folder; give one per task or set "
                         "eval.benchmarks.swe.snapshots_dir to a folder of <instance_id>/ "
                         "checkouts at base_commit")
     snapshot = Path(obj["snapshot"])
@@ -82,16 +82,16 @@ def _instance_dict(obj: Any, snapshots_dir: Path | None, base_dir: Path) -> dict
     return obj
 
 
-def load_instances(path: str | Path, snapshots_dir: str | Path | None = None) -> list[EvalProblem]:
-    """Read a JSONL of SWE-style instances; a bad line becomes a problem with its error.
+def load_task_problems(path: str | Path, snapshots_dir: str | Path | None = None) -> list[EvalProblem]:
+    """Read a JSONL of SWE-style tasks; a bad line becomes a problem with its error.
 
     Args:
         path: the JSONL file.
-        snapshots_dir: where snapshots of instances without a ``snapshot`` field lie.
+        snapshots_dir: where snapshots of tasks without a ``snapshot`` field lie.
 
     Returns:
         Problems in file order; ``payload`` = the task dict (``Task.to_dict``) plus
-        ``test_patch``; ``error`` set for a line that is not JSON, an instance missing a
+        ``test_patch``; ``error`` set for a line that is not JSON, a task missing a
         field, a snapshot that does not exist, or a repeated instance_id.
 
     Raises:
@@ -99,8 +99,8 @@ def load_instances(path: str | Path, snapshots_dir: str | Path | None = None) ->
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise EvalError(f"swe benchmark: instances file {path} does not exist; give a JSONL "
-                        "of SWE-bench-format instances (eval.benchmarks.swe.path).")
+        raise EvalError(f"swe benchmark: tasks file {path} does not exist; give a JSONL "
+                        "of SWE-bench-format tasks (eval.benchmarks.swe.path).")
     snaps = Path(snapshots_dir).expanduser() if snapshots_dir else None
     problems: list[EvalProblem] = []
     seen: set[str] = set()
@@ -120,7 +120,7 @@ def load_instances(path: str | Path, snapshots_dir: str | Path | None = None) ->
             continue
         seen.add(iid)
         try:
-            obj = _instance_dict(obj, snaps, path.parent)
+            obj = _task_dict(obj, snaps, path.parent)
             task = Task.from_dict(obj, base_dir=path.parent)
         except (TaskError, TypeError, ValueError) as e:
             problems.append(EvalProblem(iid, error=f"{path}:{lineno}: {e}"))
@@ -130,7 +130,7 @@ def load_instances(path: str | Path, snapshots_dir: str | Path | None = None) ->
 
 
 def task_of(problem: EvalProblem) -> Task:
-    """The ``Task`` of a problem built by ``load_instances``."""
+    """The ``Task`` of a problem built by ``load_task_problems``."""
     return Task.from_dict({k: v for k, v in problem.payload.items() if k != "test_patch"})
 
 
@@ -139,9 +139,9 @@ async def grade_patch(task: Task, patch: str, test_patch: str = "",
     """SWE-bench's resolved rule for ``patch``, run in a fresh sandboxed copy of the snapshot.
 
     Args:
-        task: the instance.
+        task: the task.
         patch: the model's unified diff ('' = no change).
-        test_patch: the instance's new tests, applied after ``patch``.
+        test_patch: the task's new tests, applied after ``patch``.
         isolation, limits: sandbox settings of the test run.
 
     Returns:
@@ -154,7 +154,7 @@ async def grade_patch(task: Task, patch: str, test_patch: str = "",
 
     Raises:
         SandboxError: the snapshot is missing or the sandbox cannot start, or the
-            instance's own ``test_patch`` does not apply (the instance's fault).
+            task's own ``test_patch`` does not apply (the task's fault).
     """
     if not patch.strip():  # as the SWE-bench harness: no tests run, reported as such
         return False, {"empty_patch": True}
@@ -197,7 +197,7 @@ async def apply_like_harness(ws: Workspace, patch: str) -> str:
     raise SandboxError(f"patch does not apply to workspace {ws.path}: " + " | ".join(reasons))
 
 
-async def instance_problem(task: Task, test_patch: str = "", isolation=None,
+async def task_problem(task: Task, test_patch: str = "", isolation=None,
                            limits: Limits | None = None) -> str:
     """Why ``task`` cannot be evaluated ('' when it can): its tests on the unchanged snapshot.
 
@@ -210,16 +210,16 @@ async def instance_problem(task: Task, test_patch: str = "", isolation=None,
         try:
             await ws.apply_patch(test_patch)
         except SandboxError as e:
-            return f"instance {task.instance_id}: its test_patch does not apply: {e}"
+            return f"task {task.instance_id}: its test_patch does not apply: {e}"
         _reward, report = await evaluate(ws, task, limits)
     broken = [t for t in task.PASS_TO_PASS if not report.passed(t)]
     if broken:
-        return (f"instance {task.instance_id}: its tests do not run: PASS_TO_PASS "
+        return (f"task {task.instance_id}: its tests do not run: PASS_TO_PASS "
                 f"{_describe(report, broken)} not passing on the unchanged snapshot; check "
                 "test_cmd, the snapshot and the test ids")
     if task.FAIL_TO_PASS and all(report.passed(t) for t in task.FAIL_TO_PASS):
-        return (f"instance {task.instance_id}: every FAIL_TO_PASS test already passes on the "
-                "unchanged snapshot; the instance is not a bug")
+        return (f"task {task.instance_id}: every FAIL_TO_PASS test already passes on the "
+                "unchanged snapshot; the task is not a bug")
     return ""
 
 
@@ -229,18 +229,18 @@ def _describe(report: TestReport, ids: list[str]) -> str:
 
 @dataclass
 class SweBenchmark:
-    """SWE-style instances run as agent episodes and graded by the resolved rule.
+    """SWE-style tasks run as agent episodes and graded by the resolved rule.
 
     Args:
-        path: JSONL of instances.
+        path: JSONL of tasks.
         tokenizer: the served model's tokenizer (token-exact episodes, ``agents.chat``).
         episode: limits, sandbox and prompt settings of each episode.
         chat_format: the model's chat template pieces.
         snapshots_dir: folder of ``<instance_id>/`` snapshots for rows without one.
-        limit: first ``limit`` instances only (None = all).
-        validate: check each instance's tests on its unchanged snapshot first (local
+        limit: first ``limit`` tasks only (None = all).
+        validate: check each task's tests on its unchanged snapshot first (local
             grader only).
-        validate_concurrency: instances checked (and, in ``grade_pending``, patches
+        validate_concurrency: tasks checked (and, in ``grade_pending``, patches
             graded) at once.
         model_timeout_s, model_retries: per model call.
         workload_class: X-Workload-Class of the episodes' requests.
@@ -276,7 +276,7 @@ class SweBenchmark:
 
     async def problems(self) -> list[EvalProblem]:
         """Instances in file order, each checked (``validate``) on its snapshot."""
-        problems = load_instances(self.path, self.snapshots_dir)
+        problems = load_task_problems(self.path, self.snapshots_dir)
         if self.limit is not None:
             problems = problems[: self.limit]
         self._problems = {p.problem_id: p for p in problems}
@@ -289,23 +289,23 @@ class SweBenchmark:
                 return p
             async with sem:
                 try:
-                    error = await instance_problem(task_of(p), p.payload["test_patch"],
+                    error = await task_problem(task_of(p), p.payload["test_patch"],
                                                    self.episode.isolation, self.episode.test_limits)
                 except SandboxError as e:
-                    error = f"instance {p.problem_id}: sandbox failed: {e}"
+                    error = f"task {p.problem_id}: sandbox failed: {e}"
             return EvalProblem(p.problem_id, p.payload, error)
 
         return list(await asyncio.gather(*(checked(p) for p in problems)))
 
     async def sample(self, problem: EvalProblem, sample_index: int,
                      ctx: SampleContext) -> SampleResult:
-        """One agent episode on the instance; its patch graded by the resolved rule."""
+        """One agent episode on the task; its patch graded by the resolved rule."""
         if self._http is None:
             self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
         key = sample_key(self.name, problem.problem_id, sample_index)
         task = task_of(problem)
         client = ModelClient(self._http, ctx.base_url, ctx.model,
-                             {"temperature": ctx.temperature, "top_p": ctx.top_p,
+                             sampling={"temperature": ctx.temperature, "top_p": ctx.top_p,
                               "seed": sample_seed(ctx.seed, key)},
                              timeout_s=self.model_timeout_s, retries=self.model_retries)
         session = SessionHeaders(f"{ctx.run_id}/{key}", self.workload_class,
@@ -319,7 +319,7 @@ class SweBenchmark:
             return SampleResult(**result, outcome=ERROR, detail=detail, error=episode.error)
         if not episode.turns:  # the model was never asked: a setting, not the model, failed
             return SampleResult(**result, outcome=ERROR, detail=detail, error=(
-                f"instance {problem.problem_id}: the first prompt ({len(episode.prompt_ids)} "
+                f"task {problem.problem_id}: the first prompt ({len(episode.prompt_ids)} "
                 f"tokens) leaves no room under max_context_tokens="
                 f"{self.episode.limits.max_context_tokens}; raise eval.agent.episode.limits."))
         if self.grader == "swebench":  # graded in one batch by grade_pending
@@ -364,8 +364,8 @@ class SweBenchmark:
             problem = self._problems.get(r.problem_id)
             if problem is None or problem.error:
                 return SampleResult(**base, outcome=ERROR, detail=r.detail, error=(
-                    f"instance {r.problem_id}: " + (problem.error if problem else
-                                                    "no longer in the instances file")))
+                    f"task {r.problem_id}: " + (problem.error if problem else
+                                                    "no longer in the tasks file")))
             async with sem:
                 try:
                     resolved, grading = await grade_patch(

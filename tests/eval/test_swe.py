@@ -1,5 +1,5 @@
-"""SWE-style grading (the resolved rule in the sandbox), instance loading and bad
-instances, and SWE episodes through the evaluation with a scripted model."""
+"""SWE-style grading (the resolved rule in the sandbox), task loading and bad
+tasks, and SWE episodes through the evaluation with a scripted model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from agents.envs.task import load_tasks
 from agents.loop import EpisodeConfig, EpisodeLimits
 from agents.server import HANDMADE_TASKS
 from rl.evaluation import EvalError, EvalSettings, SweBenchmark, evaluate
-from rl.evaluation.swe import grade_patch, instance_problem, load_instances, task_of
+from rl.evaluation.swe import grade_patch, load_task_problems, task_of, task_problem
 
 HANDMADE = load_tasks(HANDMADE_TASKS)
 
@@ -81,7 +81,7 @@ def _write(path: Path, rows: list) -> Path:
 def test_bad_lines_become_errors_named_after_their_instance(tmp_path):
     rows = [_row("ok__1"), "{not json", _row("nosnap__2", snapshot=str(tmp_path / "missing")),
             {k: v for k, v in _row("nofield__3").items() if k != "FAIL_TO_PASS"}, _row("ok__1")]
-    problems = load_instances(_write(tmp_path / "i.jsonl", rows))
+    problems = load_task_problems(_write(tmp_path / "i.jsonl", rows))
     errors = {p.problem_id: p.error for p in problems}
     assert errors["ok__1"] == ""
     assert "not JSON" in errors["i.jsonl:2"]
@@ -97,28 +97,28 @@ def test_swebench_rows_with_string_lists_and_snapshots_dir_are_accepted(tmp_path
     row = {k: v for k, v in _row("repo__1").items() if k != "snapshot"}
     row["FAIL_TO_PASS"] = json.dumps(row["FAIL_TO_PASS"])
     row["PASS_TO_PASS"] = json.dumps(row["PASS_TO_PASS"])
-    [p] = load_instances(_write(tmp_path / "i.jsonl", [row]), snapshots_dir=tmp_path / "snaps")
+    [p] = load_task_problems(_write(tmp_path / "i.jsonl", [row]), snapshots_dir=tmp_path / "snaps")
     assert p.error == ""
     assert task_of(p).FAIL_TO_PASS == ("test_stats.py::test_mean",)
 
 
 def test_missing_instances_file_is_an_eval_error(tmp_path):
     with pytest.raises(EvalError, match="does not exist"):
-        load_instances(tmp_path / "nope.jsonl")
+        load_task_problems(tmp_path / "nope.jsonl")
 
 
 async def test_instance_whose_tests_do_not_run_is_reported():
-    task = task_of(load_instances(HANDMADE_TASKS)[0])
+    task = task_of(load_task_problems(HANDMADE_TASKS)[0])
     broken = type(task)(**{**task.__dict__, "PASS_TO_PASS": ("test_stats.py::test_gone",)})
-    msg = await instance_problem(broken)
+    msg = await task_problem(broken)
     assert task.instance_id in msg and "tests do not run" in msg and "test_gone" in msg
-    assert await instance_problem(task) == ""
+    assert await task_problem(task) == ""
 
 
 async def test_instance_already_passing_is_reported():
     task = HANDMADE["handmade__stats_mean"]
     solved = type(task)(**{**task.__dict__, "FAIL_TO_PASS": task.PASS_TO_PASS})
-    assert "already passes" in await instance_problem(solved)
+    assert "already passes" in await task_problem(solved)
 
 
 def test_swe_episodes_are_graded_and_written_as_swebench_predictions(fake_model, tmp_path):
@@ -145,7 +145,7 @@ def test_swe_episodes_are_graded_and_written_as_swebench_predictions(fake_model,
     # the episodes' model calls went through the router with agent session headers
     heads = [h for h, _ in fake_model.scripted.requests]
     assert all(h["X-Workload-Class"] == "agent" for h in heads)
-    assert len({h["X-Session-Id"] for h in heads}) == 4  # 2 instances x 2 samples
+    assert len({h["X-Session-Id"] for h in heads}) == 4  # 2 tasks x 2 samples
 
 
 def test_prompt_that_does_not_fit_the_context_is_an_error_not_a_fail(fake_model, tmp_path):

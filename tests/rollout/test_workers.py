@@ -15,7 +15,7 @@ from agents.client import AgentClientError, AgentServerClient
 from rl.data import ArithmeticSource
 from rl.data.agent_tasks import AgentTaskSource
 from rl.sampler import MixtureSampler, WorkloadClassSpec
-from rollout.client import ClientError, ModelCallError, ModelClient, RolloutClient
+from rollout.client import ModelCallError, ModelClient, RolloutClient
 from router.headers import SessionHeaders
 from rl.workers import AgentWorker, SingleTurnWorker
 
@@ -95,8 +95,8 @@ def _run_single_turn(answer: dict, rewards: "Rewards"):
     async def go():
         client, http = _model_client(Engine(answer))
         try:
-            return await SingleTurnWorker(client, FakeTokenizer(), rewards, {"rlvr": 8},
-                                          2048).run(_unit())
+            return await SingleTurnWorker(client, FakeTokenizer(), rewards, max_tokens={"rlvr": 8},
+                                          max_model_len=2048).run(_unit())
         finally:
             await http.aclose()
 
@@ -124,7 +124,7 @@ def test_evaluation_client_refuses_an_aborted_completion():
         async with c:
             await c.complete([1, 2], SessionHeaders("s"), max_tokens=4)
 
-    with pytest.raises(ClientError, match="aborted"):
+    with pytest.raises(ModelCallError, match="aborted"):
         asyncio.run(go())
 
 
