@@ -11,7 +11,9 @@ builds a Llama-like model (transformers' LlamaForCausalLM when transformers is
 installed, else a torch-only one of the same shape: ``ToyLlama``), takes one warm-up step
 (the optimizer state is allocated there) and ``--steps`` timed steps on one synthetic
 batch, gathers the weights through the sync's streamed path (``weights_for_sync``) and
-checks them against DCP's full state dict, then saves a checkpoint and loads it back.
+checks them tensor by tensor against DCP's full state dict (``ShardedLearner.full_state``;
+the tied head against the embedding; names that differ stop the benchmark), then saves a
+checkpoint and loads it back.
 Only torch is needed (no vLLM, no safetensors), so ``bench/sharded_learner_gpu.py`` runs
 it on a GPU machine.
 """
@@ -131,13 +133,22 @@ def rank_main(args) -> int:
         out["step_s"] = statistics.median(s["step_s"] for s in steps)
         out["peak_mem_gib"] = [steps[-1][f"peak_mem_gib_rank{r}"] for r in range(info.world_size)]
         out["optimizer_mib"] = [steps[-1][f"optimizer_state_mib_rank{r}"] for r in range(info.world_size)]
+        reference = learner.full_state()["model"]  # DCP's own gather, to check the sync's
         t0 = time.perf_counter()
-        n_bytes, names = 0, []
+        n_bytes, names, unequal = 0, [], []
         for name, t in learner.weights_for_sync(to_cpu=False).items():
             full = t.to(learner.device)
             n_bytes += full.numel() * full.element_size()
             names.append(name)
-        out["gather_s"] = time.perf_counter() - t0
+            if name not in reference and name.endswith("lm_head.weight"):  # tied: DCP keeps one
+                name_in_ref = name.replace("lm_head.weight", "embed_tokens.weight")
+                name_in_ref = name_in_ref if name_in_ref in reference else "model.embed_tokens.weight"
+            else:
+                name_in_ref = name
+            if name_in_ref not in reference or not torch.equal(full.cpu(), reference[name_in_ref]):
+                unequal.append(name)
+        out["gather_s"] = time.perf_counter() - t0  # (includes the check's copies to the CPU)
+        out["gather_unequal"] = unequal
         out["gather_gib"] = n_bytes / 2**30
         out["gather_peak_mem_gib"] = [learner.last_sync_stats[f"peak_mem_gib_rank{r}"]
                                       for r in range(info.world_size)]
@@ -168,7 +179,8 @@ def measure(args, ranks: int) -> dict:
     """Start ``ranks`` processes of this script and return rank 0's figures."""
     out = Path(tempfile.mkdtemp(prefix="sharded-bench-")) / "out.json"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(ranks), "PYTHONPATH": str(REPO),
+           "WORLD_SIZE": str(ranks),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // ranks))}
     argv = [sys.executable, "-m", "bench.sharded_learner", "--rank-of-run", "--out", str(out),
             "--device", args.device, *sys.argv[1:]]
@@ -185,6 +197,9 @@ def measure(args, ranks: int) -> dict:
     res = json.loads(out.read_text())
     out.unlink()
     out.parent.rmdir()
+    if res["gather_unequal"]:
+        raise SystemExit(f"{ranks} rank(s): the sync's gathered {', '.join(res['gather_unequal'])} "
+                         "differ from DCP's full state dict")
     return res
 
 
@@ -203,7 +218,8 @@ def report(results: list[dict]) -> None:
     for r in results:
         print(f"ranks={r['ranks']}: peak GiB per rank {['%.3f' % x for x in r['peak_mem_gib']]}, "
               f"gather peak GiB per rank {['%.3f' % x for x in r['gather_peak_mem_gib']]}, "
-              f"{r['gathered_tensors']} tensors / {r['gather_gib']:.3f} GiB gathered")
+              f"{r['gathered_tensors']} tensors / {r['gather_gib']:.3f} GiB gathered, "
+              "equal to DCP's full state dict")
 
 
 def parse_args(argv=None, device: str = "cpu"):

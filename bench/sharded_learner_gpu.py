@@ -17,7 +17,7 @@ import torch
 from bench.sharded_learner import main
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not {"-h", "--help"} & set(sys.argv):
         sys.exit("bench.sharded_learner_gpu: torch sees no GPU here; "
                  "python -m bench.sharded_learner measures the CPU")
     n = torch.cuda.device_count()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -45,7 +46,11 @@ _PREFIX = "misa-rl/"
 
 
 class RankError(RuntimeError):
-    """A learner rank failed, died or cannot join; the message names the rank and its log."""
+    """The learner ranks do not fit the config or the launch (a usage error)."""
+
+
+class RankFailure(RankError):
+    """A learner rank failed, died or hung at run time; the message names the rank and its log."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,8 @@ class RankGroup:
         self.timeout_s = float(collective_timeout_s)
         self.log_path = log_path
         self._seq = 0
+        self._diagnosing = False
+        self._command = "startup"  # rank 0: the command posted last
         self._stopped = threading.Event()
         if not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -196,6 +203,7 @@ class RankGroup:
         """Rank 0: tell the workers to run command ``name(*args)`` next."""
         assert self.info.is_orchestrator
         self._seq += 1
+        self._command = name
         if self.world_size > 1:
             self.store.set(f"{_PREFIX}cmd/{self._seq}", pickle.dumps((name, args)))
 
@@ -203,7 +211,7 @@ class RankGroup:
         """Worker: block until rank 0 posts the next command; return ``(name, args)``.
 
         Raises:
-            RankError: rank 0 stopped beating for ``DEAD_AFTER_S`` or its store is gone.
+            RankFailure: rank 0 stopped beating for ``DEAD_AFTER_S`` or its store is gone.
         """
         self._seq += 1
         key = f"{_PREFIX}cmd/{self._seq}"
@@ -213,14 +221,14 @@ class RankGroup:
                 if self.store.check([key]):  # (a timed-out store.wait logs a warning each time)
                     return pickle.loads(self.store.get(key))
             except Exception as e:  # the store is gone with rank 0
-                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) is gone "
+                raise RankFailure(f"learner rank {self.rank}: the orchestrator (rank 0) is gone "
                                 f"({type(e).__name__}); stopping") from None
             beat = self._counter(0)
             if beat != last:
                 last, since = beat, time.monotonic()
             elif time.monotonic() - since > DEAD_AFTER_S:
-                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
-                                f"beating {DEAD_AFTER_S:.0f} s ago; stopping")
+                raise RankFailure(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
+                                  f"beating {DEAD_AFTER_S:.0f} s ago; stopping")
             time.sleep(COMMAND_POLL_S)
 
     def _counter(self, rank: int) -> int | None:
@@ -237,32 +245,79 @@ class RankGroup:
         except Exception:
             pass
 
-    def diagnose(self, exc: BaseException, during: str) -> RankError:
+    def diagnose(self, exc: BaseException, during: str) -> RankFailure:
         """Rank 0, after a collective failed: which worker failed, in one line.
 
         A worker that wrote an error line is named with it; otherwise the rank whose
         heartbeat stops within ``DEAD_AFTER_S`` (a killed process); otherwise the
-        collective's own error (a hang that hit ``collective_timeout_s``).
+        collective's own error (a hang that hit ``collective_timeout_s``). A SIGTERM that
+        arrives meanwhile (torchrun's agent stopping the job because a rank exited) waits
+        until the answer is known (see ``stop_on_sigterm``).
         """
+        self._diagnosing = True
+        try:
+            line = self._failure(during, settle=False)
+        finally:
+            self._diagnosing = False
+        if line is not None:
+            return RankFailure(line)
+        return RankFailure(f"learner collective failed during {during} with every rank alive "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                           "a rank may be stuck: see the learner-rank logs")
+
+    def _failure(self, during: str, settle: bool) -> str | None:
+        """The first worker that wrote an error line, else the first whose heartbeat stops
+        within ``DEAD_AFTER_S``, as one line naming its log; None when none did. Workers
+        stopped by SIGTERM (marked in the store) are not failures; ``settle``: return None
+        at once when every worker is so marked."""
+        workers = range(1, self.world_size)
         deadline = time.monotonic() + DEAD_AFTER_S
-        first = {r: self._counter(r) for r in range(1, self.world_size)}
+        first = {r: self._counter(r) for r in workers}
+        stopped: set[int] = set()
         while True:
-            for r in range(1, self.world_size):
+            for r in workers:
                 err = self._get(f"{_PREFIX}error/{r}")
                 if err is not None:
-                    return RankError(f"learner rank {r} failed during {during}: {err.decode()} "
-                                     f"(its log: {self._log_of(r)})")
-            if time.monotonic() > deadline:
+                    return (f"learner rank {r} failed during {during}: {err.decode()} "
+                            f"(its log: {self._log_of(r)})")
+            stopped = {r for r in workers if self._get(f"{_PREFIX}stopped/{r}") is not None}
+            if (settle and len(stopped) == len(workers)) or time.monotonic() > deadline:
                 break
             time.sleep(HEARTBEAT_S)
-        dead = [r for r in first if self._counter(r) == first[r]]
+        dead = [r for r in workers if r not in stopped and self._counter(r) == first[r]]
         if dead:
             r = dead[0]
-            return RankError(f"learner rank {r} died during {during} (no heartbeat for "
-                             f"{DEAD_AFTER_S:.0f} s; its log: {self._log_of(r)})")
-        return RankError(f"learner collective failed during {during} with every rank alive "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                         "a rank may be stuck: see the learner-rank logs")
+            return (f"learner rank {r} died during {during} (no heartbeat for "
+                    f"{DEAD_AFTER_S:.0f} s; its log: {self._log_of(r)})")
+        return None
+
+    def stop_on_sigterm(self) -> None:
+        """Handle SIGTERM on this rank (call from the main thread after ``__init__``).
+
+        torchrun's agent, when one rank exits, sends SIGTERM to every other (and SIGKILL
+        30 s later), so rank 0 would end before telling which rank failed. Here a worker
+        marks itself stopped in the store and exits 143; rank 0 first names a worker that
+        failed or died (waiting at most ``DEAD_AFTER_S``, or for the answer ``diagnose`` is
+        already waiting for), in one line on stderr (``error: learner rank r died during
+        <the last command> ...``), then exits 143 through ``SystemExit`` so ``finally`` blocks stop
+        what it started. When every worker was stopped too (the user stopped the job),
+        nothing is named.
+        """
+        def handler(*_):
+            if self.rank != 0:
+                try:
+                    self.store.set(f"{_PREFIX}stopped/{self.rank}", b"1")
+                except Exception:
+                    pass
+                raise SystemExit(143)
+            if self._diagnosing:  # diagnose's answer comes first; the job ends with it
+                return
+            line = self._failure(self._command, settle=True) if self.world_size > 1 else None
+            if line is not None:
+                print(f"error: {line}", file=sys.stderr, flush=True)
+            raise SystemExit(143)
+
+        signal.signal(signal.SIGTERM, handler)
 
     def publish(self, key: str, value: str) -> None:
         """Rank 0: make ``value`` readable by every rank (``fetch``)."""
@@ -272,7 +327,7 @@ class RankGroup:
         """The value rank 0 ``publish``-ed under ``key``, waiting for it while rank 0 beats.
 
         Raises:
-            RankError: rank 0 stopped beating first.
+            RankFailure: rank 0 stopped beating first.
         """
         full = f"{_PREFIX}value/{key}"
         last, since = None, time.monotonic()
@@ -284,8 +339,8 @@ class RankGroup:
             if beat != last:
                 last, since = beat, time.monotonic()
             elif time.monotonic() - since > DEAD_AFTER_S:
-                raise RankError(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
-                                f"beating before it published {key!r}; stopping")
+                raise RankFailure(f"learner rank {self.rank}: the orchestrator (rank 0) stopped "
+                                  f"beating before it published {key!r}; stopping")
             time.sleep(HEARTBEAT_S / 2)
 
     def set_log(self, log_path: str) -> None:
@@ -336,8 +391,10 @@ def worker_loop(group: RankGroup, learner_factory) -> int:
     Commands: ``build(args)`` -> ``learner_factory(group, *args)`` (collective), then any
     public collective method of the learner by name (``step``, ``log_probs``,
     ``save_weights``, ``save_checkpoint``, ``load_checkpoint``), and ``stop``.
-    A failure is written to the store for rank 0 to report, and gives exit status 1.
+    A failure is written to the store for rank 0 to report, and gives exit status 1;
+    SIGTERM (torchrun's agent stopping the job) exits 143 without blaming this rank.
     """
+    group.stop_on_sigterm()
     learner = None
     name = "startup"
     try:
@@ -354,6 +411,8 @@ def worker_loop(group: RankGroup, learner_factory) -> int:
     except RankError as e:
         print(str(e), flush=True)
         return 1
+    except SystemExit:  # SIGTERM (stop_on_sigterm): stopped, not failed
+        raise
     except BaseException as e:  # noqa: BLE001 - reported to rank 0, then this rank exits
         line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         group.report_error(f"{line} (in {name})")

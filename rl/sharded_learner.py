@@ -59,7 +59,7 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from rl.distributed import RankGroup, token_balanced_partition
+from rl.distributed import RankError, RankGroup, token_balanced_partition
 from rl.grpo import TrainSample, collate, logprob_mismatch, masked_mean
 from rl.learner import (STATE_FILE, Learner, LearnerConfig, LearnerError, checkpoint_state,
                         fresh_sibling, load_policy, swap_into_place)
@@ -219,7 +219,7 @@ class ShardedLearner(Learner):
     # ------------------------------------------------------------------ commands
 
     _COMMANDS = {"step": "_step", "loss": "_loss", "log_probs": "_log_probs",
-                 "gather": "_gather_buckets",
+                 "gather": "_gather_buckets", "full_state": "_full_state",
                  "save_weights": "_save_weights", "save_checkpoint": "_save_checkpoint",
                  "load_checkpoint": "_load_checkpoint"}
 
@@ -238,7 +238,7 @@ class ShardedLearner(Learner):
         try:
             return getattr(self, self._COMMANDS[name])(*args)
         except (RuntimeError, OSError) as e:
-            if isinstance(e, LearnerError):
+            if isinstance(e, (LearnerError, RankError)):
                 raise
             raise self.group.diagnose(e, name) from None
 
@@ -310,7 +310,7 @@ class ShardedLearner(Learner):
         normalised by the whole batch's counts) and the ranks' parts summed on rank 0.
 
         Raises:
-            GRPOError: malformed samples. RankError: a rank failed.
+            GRPOError: malformed samples. RankFailure: a rank failed.
         """
         collate(samples, self.pad_token_id)
         return self._collective("loss", list(samples))
@@ -368,7 +368,7 @@ class ShardedLearner(Learner):
         during the step) and ``optimizer_state_mib_rank<r>`` (the AdamW state it holds).
 
         Raises:
-            GRPOError: malformed samples. RankError: a rank failed (named, with its log).
+            GRPOError: malformed samples. RankFailure: a rank failed (named, with its log).
         """
         collate(samples, self.pad_token_id)
         stats = self._collective("step", list(samples))
@@ -495,6 +495,21 @@ class ShardedLearner(Learner):
                                 "gathered_gib": n_bytes / 2**30,
                                 **{f"peak_mem_gib_rank{r}": b / 2**30 for r, b in enumerate(per_rank)}}
 
+    def full_state(self) -> dict[str, dict]:
+        """The whole model and optimizer state on rank 0's CPU, gathered by DCP (not by the
+        sync's buckets): ``{"model": name -> tensor, "optim": the optimizer state dict}``.
+        For checking the sync against it on small models; the whole model is on rank 0
+        at once."""
+        return self._collective("full_state")
+
+    def _full_state(self) -> dict[str, dict]:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {"model": get_model_state_dict(self.model, options=opts),
+                "optim": get_optimizer_state_dict(self.model, self.optimizer, options=opts)}
+
     def weights_for_sync(self, to_cpu: bool = True) -> StreamedWeights:
         """name -> tensor of every weight an engine loads (``Learner.weights_for_sync``'s
         names, tied ``lm_head.weight`` included), streamed: ``items()`` gives tensors whose
@@ -508,7 +523,7 @@ class ShardedLearner(Learner):
         try:
             yield from gen
         except (RuntimeError, OSError) as e:
-            if isinstance(e, LearnerError):
+            if isinstance(e, (LearnerError, RankError)):
                 raise
             raise self.group.diagnose(e, "gather") from None
 
@@ -605,6 +620,6 @@ def make_sharded_learner(group: RankGroup, model_path: str | Path, cfg: LearnerC
     try:
         return ShardedLearner(group, model_path, cfg)
     except (RuntimeError, OSError) as e:
-        if isinstance(e, LearnerError):
+        if isinstance(e, (LearnerError, RankError)):
             raise
         raise group.diagnose(e, "build") from None

@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def _register_errors() -> None:
     from agents.client import AgentClientError
     from rl.data.base import DataError
-    from rl.distributed import RankError
+    from rl.distributed import RankError, RankFailure
     from rl.grpo import GRPOError
     from rl.learner import LearnerError
     from rl.mixture import MixtureError
@@ -41,7 +41,8 @@ def _register_errors() -> None:
 
     for e in (DataError, GRPOError, MixtureError, RankError):  # a bad value in the config: exit 2
         register_user_error(e)
-    for e in (AgentClientError, LearnerError, RewardError, TrainerError, WeightSyncError, SandboxError):
+    for e in (AgentClientError, LearnerError, RankFailure, RewardError, TrainerError, WeightSyncError,
+              SandboxError):
         register_user_error(e, exit_code=EXIT_FAILURE)  # at run time: exit 1
 
 
@@ -421,6 +422,7 @@ def main(cfg: DictConfig) -> None:
         # joined before the engines start, so the other ranks' rendezvous does not wait on them
         on_gpu = cfg.engine.kind == "gpu" and str(lcfg.device) != "cpu"
         group = RankGroup(info, "nccl" if on_gpu else "gloo", float(lcfg.collective_timeout_s))
+        group.stop_on_sigterm()  # torchrun stopping the job: name a dead rank first
         group.publish("run_dir", str(Path(cfg.run_dir).resolve()))
     try:
         _main(cfg, placement, group)

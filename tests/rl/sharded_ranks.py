@@ -10,6 +10,7 @@ run ``rl.distributed.worker_loop`` (logs: WORKDIR/rank<r>.log).
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -21,37 +22,21 @@ from rl.learner import LearnerConfig
 from rl.sharded_learner import ShardedLearner
 
 
-class ProbeLearner(ShardedLearner):
-    """``ShardedLearner`` plus one command for the test: the full (unsharded) model and
-    optimizer state dicts on rank 0, through DCP's own gather (not the sync's)."""
-
-    _COMMANDS = {**ShardedLearner._COMMANDS, "full_state": "_full_state"}
-
-    def full_state(self):
-        return self._collective("full_state")
-
-    def _full_state(self):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return {"model": get_model_state_dict(self.model, options=opts),
-                "optim": get_optimizer_state_dict(self.model, self.optimizer, options=opts)}
-
-
 def main() -> int:
     scenario, work, model_dir = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     info = rank_from_env()
     log = work / f"rank{info.rank}.log"
+    (work / f"pid{info.rank}").write_text(str(os.getpid()))
     if info.rank > 0:
         redirect_output(log)
     group = RankGroup(info, "gloo", collective_timeout_s=60, log_path=str(log))
     cfg = LearnerConfig(device="cpu", lr=1e-3, micro_batch_size=2, sync_bucket_mb=0.1)
     if info.rank > 0:
-        return worker_loop(group, lambda g, path, c: ProbeLearner(g, path, c))
+        return worker_loop(group, lambda g, path, c: ShardedLearner(g, path, c))
+    group.stop_on_sigterm()  # as rl.train's rank 0
     group.post("build", model_dir, cfg)
     torch.manual_seed(0)
-    learner = ProbeLearner(group, model_dir, cfg)
+    learner = ShardedLearner(group, model_dir, cfg)
     samples = pickle.loads((work / "samples.pkl").read_bytes())
     try:
         if scenario == "train":
@@ -80,7 +65,7 @@ def main() -> int:
             while True:
                 learner.step(samples)
     except RankError as e:  # as rl.train's entry point shows it: one line
-        print(e, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
         learner.close()

@@ -252,8 +252,44 @@ def test_a_rank_killed_mid_step_fails_the_job_with_one_line(trained, tmp_path):
                 p.kill()
     assert rc1 == -signal.SIGKILL and rc0 == 1
     last = err0.strip().splitlines()[-1]
-    assert last.startswith("learner rank 1 died during step"), err0[-2000:]
+    assert last.startswith("error: learner rank 1 died during step"), err0[-2000:]
     assert str(tmp_path / "rank1.log") in last
+
+
+def test_under_torchrun_a_rank_killed_mid_step_is_named_in_one_line_and_nothing_runs_on(
+        trained, tmp_path):
+    # torchrun's agent stops the other ranks with SIGTERM as soon as one dies (before rank
+    # 0 has told which): rank 0 still names the dead rank and its log in one line, and the
+    # rank the agent stopped is not blamed.
+    from common.process import free_port
+
+    (tmp_path / "samples.pkl").write_bytes((trained["work"] / "samples.pkl").read_bytes())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port("127.0.0.1")), "--log-dir", str(tmp_path / "torchrun"),
+            str(RANK_SCRIPT), "steps",
+            str(tmp_path), str(trained["model"])]
+    agent = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        while not ((tmp_path / "stepping").exists() and (tmp_path / "pid1").exists()):
+            assert time.monotonic() < deadline and agent.poll() is None, "rank 0 never stepped"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.kill(int((tmp_path / "pid1").read_text()), signal.SIGKILL)
+        out, _ = agent.communicate(timeout=RANK_TIMEOUT_S)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+    assert agent.returncode != 0
+    named = [line for line in out.splitlines() if "learner rank" in line and "during step" in line]
+    assert len(named) == 1, out[-3000:]
+    assert named[0].startswith("error: learner rank 1 died during step"), named
+    assert str(tmp_path / "rank1.log") in named[0]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert [line for line in ps.splitlines() if str(tmp_path) in line and "ps -eo" not in line] == []
 
 
 def test_token_balanced_partition_evens_tokens_over_ranks():

@@ -143,6 +143,19 @@ def test_loop_takes_the_configured_steps_and_logs_each(tmp_path):
     assert (tmp_path / "checkpoint" / "state.json").exists()
 
 
+def test_a_sharded_learners_gather_figures_are_in_the_sync_metrics(tmp_path):
+    class GatheringLearner(FakeLearner):
+        # what ShardedLearner._gather_buckets leaves after each sync
+        last_sync_stats = {"gather_s": 0.25, "buckets": 3.0, "gathered_gib": 0.5,
+                           "peak_mem_gib_rank0": 1.5, "peak_mem_gib_rank1": 0.75}
+
+    t = trainer(tmp_path, tcfg(iterations=1), learner=GatheringLearner(), sync=FakeSync())
+    asyncio.run(t.run())
+    m = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert m["sync/gather/gather_s"] == 0.25 and m["sync/gather/buckets"] == 3.0
+    assert (m["sync/gather/peak_mem_gib_rank0"], m["sync/gather/peak_mem_gib_rank1"]) == (1.5, 0.75)
+
+
 def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_path):
     t = trainer(tmp_path, tcfg(iterations=4))
     history = asyncio.run(t.run())
