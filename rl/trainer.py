@@ -424,6 +424,7 @@ class Trainer:
     async def _update(self, batch: list[list[UnitResult]], it: IterationStats) -> dict:
         """Advantages, one learner step, weight sync; returns the step's figures."""
         samples, used, rewards_by_class = [], [], defaultdict(list)
+        groups_by_class: Counter = Counter()
         t0 = time.monotonic()
         self.outstanding_groups -= len(batch)
         for group in batch:
@@ -440,6 +441,7 @@ class Trainer:
                 continue
             adv = group_advantages([r.reward for r in ok], [r.unit.group_id for r in ok],
                                    scale_by_std=self.config.loss.scale_adv_by_std)
+            trained_before = len(used)
             for r, a in zip(ok, adv.tolist()):
                 self.mixture_ledger.record_completed(r.unit.unit_id)
                 if a == 0.0:
@@ -450,6 +452,8 @@ class Trainer:
                 samples.append(r.train_sample(a))
                 used.append(r)
                 self.trained_units[r.unit.workload_class] += 1
+            if len(used) > trained_before:
+                groups_by_class[group[0].unit.workload_class] += 1
         staleness = [self.learner.version - r.unit.policy_version for g in batch for r in g if r.ok]
         step: dict[str, Any] = {}
         if samples:
@@ -467,6 +471,8 @@ class Trainer:
             sync.update({f"gather/{k}": v for k, v in getattr(self.learner, "last_sync_stats", {}).items()})
         return {"update_s": update_s, "step": step, "sync": sync, "updated": bool(samples),
                 "trained_units": len(used), "groups": len(batch),
+                "trained_units_by_class": dict(Counter(r.unit.workload_class for r in used)),
+                "trained_groups_by_class": dict(groups_by_class),
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
                 "reward_by_class": {b: sum(v) / len(v) for b, v in rewards_by_class.items()}}
 
@@ -511,6 +517,8 @@ class Trainer:
                for b, n in sorted(it.groups_by_class.items())},
             "reward_by_class": upd["reward_by_class"],
             "trained_units": upd["trained_units"],
+            "trained_units_by_class": upd["trained_units_by_class"],
+            "trained_groups_by_class": upd["trained_groups_by_class"],
             "staleness_mean": upd["staleness_mean"],
             "router_caps": ((state or {}).get("policy") or {}).get("caps"),
             **{(k if "/" in k else f"loss/{k}"): v for k, v in upd["step"].items()},

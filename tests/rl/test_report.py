@@ -77,3 +77,28 @@ def test_summary_table_text_names_the_iteration_count_of_each_mean():
         return [c.strip() for c in line.split("│") if c.strip()][-1]
     assert last_cell("weight sync") == "2"  # the skipped update has no sync: 2 of 3
     assert last_cell("iteration time") == "3"
+
+
+def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_step(tmp_path):
+    import json
+
+    from bench.learning_curve import curve, step_table
+
+    lines = _history()
+    for h, units, groups in zip(lines[1:], (8, 0, 16), (1, 0, 2)):
+        h["trained_units"] = units + 4
+        h["trained_units_by_class"] = {"rlhf": 4, **({"rlvr": units} if units else {})}
+        h["trained_groups_by_class"] = {"rlhf": 1, **({"rlvr": groups} if groups else {})}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in lines))
+    c = curve(tmp_path, "eval/arithmetic/pass@1")
+    assert c["points"] == [(0, 0.2), (3, 0.35)] and (c["start"], c["end"], c["end_step"]) == (0.2, 0.35, 3)
+    assert [s["rlvr_units"] for s in c["steps"]] == [8, 0, 16]
+    assert [s["rlvr_groups"] for s in c["steps"]] == [1, 0, 2]
+    assert [s["eval"] for s in c["steps"]] == [None, None, 0.35]
+    assert c["rlvr_trained"] == 24
+    assert step_table("seed 0", c).row_count == 3
+    # a run written before the per-class counts were logged: blanks, not zeros
+    old = [{k: v for k, v in h.items() if not k.startswith("trained_")} for h in lines]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in old))
+    c = curve(tmp_path, "eval/arithmetic/pass@1")
+    assert c["rlvr_trained"] is None and {s["rlvr_units"] for s in c["steps"]} == {None}

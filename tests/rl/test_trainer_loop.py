@@ -426,6 +426,14 @@ def test_equal_reward_groups_are_replaced_so_no_step_is_empty(tmp_path):
     assert all({s.advantage != 0.0 for s in batch} == {True} for batch in learner.trained)
     assert sum(h["filtered_groups"] for h in history) > 0
     assert all(h.get("filtered_share/agent", 1.0) == 1.0 for h in history)
+    # per class, the units and the (informative) groups that entered each step's gradient
+    for h, batch in zip(history, learner.trained):
+        assert sum(h["trained_units_by_class"].values()) == h["trained_units"] == len(batch)
+        assert "agent" not in h["trained_units_by_class"] and "agent" not in h["trained_groups_by_class"]
+        # at most groups_per_step; every unit of a mixed group trains (rlvr G=4, rlhf G=2)
+        assert 1 <= sum(h["trained_groups_by_class"].values()) <= 2
+        sizes = {"rlvr": 4, "rlhf": 2}
+        assert h["trained_units_by_class"] == {b: sizes[b] * n for b, n in h["trained_groups_by_class"].items()}
     # filtered units are consumed (the mixture ledger's books), never trained on
     s = t.mixture_ledger.snapshot()
     assert s["completed"]["agent"] > 0 and t.trained_units["agent"] == 0
