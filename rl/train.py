@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from common.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, ConfigError, check_values, hydra_entry, number, register_user_error
 from rl.report import plot_run, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -361,6 +361,28 @@ def check_learner_ranks(cfg: DictConfig) -> None:
                           "give engine.urls=[...] engine.kv_event_endpoints=[...]")
 
 
+def trainer_value_rules(plain: dict) -> dict:
+    """The ``check_values`` rules of the ``trainer`` knobs no part checks when built: every
+    class's group size G and output-token limit (whole numbers >= 1; a class is switched off
+    by its weight in ``trainer.rho``, not by G=0), the sampling fields (temperature >= 0,
+    0 = greedy; 0 < top_p <= 1) of the rollouts and of the evaluation, and the agent
+    episode limits."""
+    whole = number(at_least=1, whole=True)
+    temperature = (number(at_least=0), "a number >= 0 (0 = greedy)")
+    top_p = (number(above=0, at_most=1), "a number in (0, 1]")
+    rules = {f"trainer.group_size.{b}": (whole, "a whole number >= 1 (units per prompt; "
+                                                f"trainer.rho.{b}=0 switches the class off)")
+             for b in plain.get("group_size") or {}}
+    rules.update({f"trainer.max_tokens.{b}": (whole, "a whole number of tokens >= 1")
+                  for b in plain.get("max_tokens") or {}})
+    rules.update({f"trainer.agent_limits.{k}": (whole, "a whole number >= 1")
+                  for k in ("max_turns", "max_tokens_per_turn", "max_context_tokens")})
+    rules.update({"trainer.sampling.temperature": temperature, "trainer.sampling.top_p": top_p,
+                  "trainer.eval.temperature": temperature, "trainer.eval.top_p": top_p})
+    rules.update({f"trainer.eval.{k}": (whole, "a whole number >= 1") for k in ("problems", "n", "max_tokens")})
+    return rules
+
+
 def validate_trainer_cfg(tcfg: DictConfig) -> None:
     """Build every part of ``trainer`` that needs no running stack (mixture, loss, learner,
     limits, weight sync, and each prompt domain with its data), so a bad value is refused
@@ -395,6 +417,7 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(f"trainer.{key}={v!r}: give a number of seconds > 0")
+    check_values({"trainer": plain}, trainer_value_rules(plain))
     for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
         for name, opts in (domains or {}).items():
             try:
