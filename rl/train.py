@@ -302,11 +302,11 @@ def validate_job_cfg(cfg: DictConfig):
             the key and what to give instead.
     """
     from rollout.engines import validate_engine_cfg
-    from rollout.model import check_model_path_given
+    from rollout.model import check_model_path
     from rollout.weight_sync import WORKER_EXTENSION
     from router.launch import check_router_cfg
 
-    check_model_path_given(cfg.model)
+    check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     agent_task_sets_override(cfg.agents.get("task_sets") or [])
     check_learner_ranks(cfg)
