@@ -341,6 +341,17 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
             raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
 
 
+def missing_local_path(key: str, path: Any, instead: str = "") -> str | None:
+    """The message for ``key=path`` when ``path`` is written as a local path (``.``, ``/``
+    or ``~`` first) that does not exist, else None (it exists, or is a hub id such as
+    ``org/name``). ``instead``: more to offer, e.g. `` or leave model.path unset``."""
+    text = str(path)
+    if not text.startswith((".", "/", "~")) or Path(text).expanduser().exists():
+        return None
+    return (f"{key}={text} does not exist. Give an existing local Hugging Face folder or a hub id "
+            f"(org/name){instead}.")
+
+
 def _new_parents_of_run_dir(cfg: DictConfig) -> list[Path]:
     """The folders above the run folder (``hydra.run.dir`` of ``cfg``, composed with
     Hydra's config) that do not exist yet, innermost first: Hydra will make them. []

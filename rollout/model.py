@@ -27,6 +27,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.config import missing_local_path
+
 _DONE_MARKER = ".prepared.json"
 
 
@@ -74,13 +76,11 @@ def check_model_path(model_cfg: DictConfig) -> None:
                 f"model.path={path} exists but holds no config.json: give a Hugging Face "
                 "model folder (config.json, weights, tokenizer) or a hub id."
             )
-    elif str(path).startswith((".", "/", "~")):
-        packaged = " or leave model.path unset to use the packaged default model" if model_cfg.get(
-            "source") else ""
-        raise ModelPrepareError(
-            f"model.path={path} does not exist. Give an existing local Hugging Face "
-            f"folder or a hub id (org/name){packaged}."
-        )
+    packaged = " or leave model.path unset to use the packaged default model" if model_cfg.get(
+        "source") else ""
+    missing = missing_local_path("model.path", path, packaged)
+    if missing:
+        raise ModelPrepareError(missing)
 
 
 def resolve_model_path(model_cfg: DictConfig) -> str:

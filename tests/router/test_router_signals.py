@@ -29,3 +29,4 @@ def test_router_exits_130_on_ctrl_c_and_143_on_sigterm(tmp_path, sig, code):
     finally:
         proc.kill()
         proc.wait()
+
