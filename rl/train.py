@@ -114,7 +114,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
     from rl.trainer import Trainer, trainer_config
-    from rollout.weight_sync import make_weight_sync, weight_sync_config
+    from rollout.weight_sync import job_shm_dir, make_weight_sync, remove_stale_shm_dirs, weight_sync_config
     from rl.workers import AgentWorker, SingleTurnWorker
 
     tcfg = cfg.trainer
@@ -154,11 +154,14 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     console.print(f"disk: about {disk.checkpoints_bytes / gb:.1f} GB in {run_dir} for checkpoints "
                   f"({disk.checkpoint_bytes / gb:.1f} GB each, trainer.checkpoint_keep_last="
                   f"{keep_last}, plus the one being written)"
-                  + (f", {disk.weight_sync_bytes / gb:.1f} GB in {tcfg.weight_sync.shm_dir} for the "
+                  + (f", {disk.weight_sync_bytes / gb:.1f} GB under {tcfg.weight_sync.shm_dir} for the "
                      "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
     # Weight sync (rollout/weight_sync.py): the new weights into the running engines, their
     # prefix caches reset, the router told.
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
+    shm_parent = wcfg.shm_dir
+    remove_stale_shm_dirs(shm_parent)  # weights left by jobs that were killed
+    wcfg.shm_dir = str(job_shm_dir(shm_parent, run_dir.name))  # this job's own; removed by sync.close()
     sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
                             device=str(learner.device))
     if wcfg.method == "nccl":
@@ -225,6 +228,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     finally:
         run.finish()
         sync.close()
+        with contextlib.suppress(OSError):  # absent, or holds another job's folder
+            Path(shm_parent).rmdir()
         rewards.close()
         await http.aclose()
         if agent_client is not None:
