@@ -208,7 +208,7 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.agent_episodes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--sequential", type=int, default=4, help="episodes run one by one first")
     ap.add_argument("--latency-ms", type=float, default=200.0, help="scripted model time per call")

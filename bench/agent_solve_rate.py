@@ -86,7 +86,7 @@ def write_results(out: Path, results: dict, limits: dict, sampling: dict, group_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.agent_solve_rate", description=__doc__.splitlines()[0])
     ap.add_argument("--sets", nargs="+", default=["constant_fix_l1", "constant_fix_l2",
                                                    "constant_fix_l3", "handmade"],
                     help=f"task sets ({', '.join(BUILTIN_TASK_SETS)}) or task files")

@@ -92,7 +92,7 @@ def main() -> None:
     argv = sys.argv[1:]
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.learning_curve", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--metric", default="eval/arithmetic/pass@1")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "learning-curve")

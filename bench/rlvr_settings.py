@@ -98,7 +98,7 @@ async def sample_setting(url: str, tok, prompts: dict[str, list], samples: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.rlvr_settings", description=__doc__.splitlines()[0])
     ap.add_argument("--prompts-per-domain", type=int, default=4)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--settings", nargs="+", default=["train:1.0:1.0:192", "eval:0.8:0.95:512"])

@@ -97,7 +97,7 @@ async def throughput_rps(url: str, n_requests: int, concurrency: int, label: str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.router_proxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=400, help="requests per phase and target")
     parser.add_argument("--concurrency", type=int, default=32, help="concurrency of the throughput phase")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="fake engine latency")

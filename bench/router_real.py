@@ -1,6 +1,6 @@
 """Routers on real vLLM engines, and the simulator checked against them (one command).
 
-    .venv/bin/python -m bench.router_real                  # 10 min per router (~80 min)
+    .venv/bin/python -m bench.router_real                  # 10 min per router (~90 min with start-up and calibration)
     .venv/bin/python -m bench.router_real --minutes 4      # shorter, noisier
 
 What it does, in one run and one folder (``runs/bench/router-real-<time>/``):

@@ -223,7 +223,7 @@ def report(results: list[dict]) -> None:
 
 
 def parse_args(argv=None, device: str = "cpu"):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.sharded_learner", description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--device", default=device, choices=["cpu", "cuda"])
     ap.add_argument("--layers", type=int, default=4)

@@ -70,7 +70,7 @@ def _one(policy: str, ceiling: int, queue) -> None:
 
 def main() -> None:
     """Run each policy in a fresh process, one after the other, and print the table."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.sim_speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("policies", nargs="*",
                     default=["round_robin", "cache_aware", "session_admission", "misa", "misa_t"])
     ap.add_argument("--ceiling", type=int, default=None,

@@ -139,10 +139,18 @@ def _renamed_key_message(key: str) -> str:
     return f"config key '{key}' was renamed '{new}': give {new}=... instead"
 
 
+def _has_key(cfg: DictConfig, dotted: str) -> bool:
+    """``dotted`` is a key of ``cfg``; its value is not resolved (a default that needs
+    Hydra's run, like ``run_dir``'s ``${hydra:...}``, still counts as there)."""
+    parent, _, last = dotted.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False) if parent else cfg
+    return isinstance(node, DictConfig) and last in node
+
+
 def refuse_renamed_keys(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` when ``cfg`` still holds a key ``register_renamed_key`` retired."""
     for old in _RENAMED_KEYS:
-        if OmegaConf.select(cfg, old, default="__missing__") != "__missing__":
+        if _has_key(cfg, old):
             raise ConfigError(_renamed_key_message(old))
 
 
@@ -232,7 +240,7 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
             continue
         if key in _RENAMED_KEYS:
             return _renamed_key_message(key)
-        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+        if not _has_key(cfg, key):
             section = next((sec for sec in _SECTION_HELP if key.startswith(sec + ".")), None)
             if section is not None:
                 return (f"unknown config key '{key}': options under '{section}' are added with a leading '+', "
@@ -331,6 +339,17 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
             value = OmegaConf.to_container(value, resolve=True)
         if not ok(value):
             raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
+
+
+def missing_local_path(key: str, path: Any, instead: str = "") -> str | None:
+    """The message for ``key=path`` when ``path`` is written as a local path (``.``, ``/``
+    or ``~`` first) that does not exist, else None (it exists, or is a hub id such as
+    ``org/name``). ``instead``: more to offer, e.g. `` or leave model.path unset``."""
+    text = str(path)
+    if not text.startswith((".", "/", "~")) or Path(text).expanduser().exists():
+        return None
+    return (f"{key}={text} does not exist. Give an existing local Hugging Face folder or a hub id "
+            f"(org/name){instead}.")
 
 
 def _new_parents_of_run_dir(cfg: DictConfig) -> list[Path]:

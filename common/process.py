@@ -225,25 +225,14 @@ class ManagedProcess:
     def wait_healthy(
         self, timeout_s: float, poll_s: float = 1.0, ready: Callable[[], bool] | None = None
     ) -> float:
-        """Block until the health check passes; returns seconds since start.
+        """Block until the health check passes (``ready``, else ``health_url``); returns
+        seconds since start.
 
         Raises:
             ProcessStartError: the process exited, or ``timeout_s`` passed; the message
                 holds the last lines of its log.
         """
-        assert self.proc is not None, "start() first"
-        deadline = time.monotonic() + timeout_s
-        check = ready or self._http_ok
-        while True:
-            if self.proc.poll() is not None:
-                raise self._fail(f"exited with code {self.proc.returncode} while starting")
-            if check():
-                self.ready_after_s = time.monotonic() - (self.started_at_s or 0.0)
-                return self.ready_after_s
-            if time.monotonic() > deadline:
-                self.stop()
-                raise self._fail(f"was not healthy after {timeout_s:.0f} s")
-            time.sleep(poll_s)
+        return wait_all_healthy([self], timeout_s, poll_s, [ready or self._http_ok])[0]
 
     def _http_ok(self) -> bool:
         if self.health_url is None:
@@ -281,6 +270,43 @@ class ManagedProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_all_healthy(processes: Sequence[ManagedProcess], timeout_s: float, poll_s: float = 1.0,
+                     checks: Sequence[Callable[[], bool]] | None = None) -> list[float]:
+    """Block until every started process's health check passes; returns, per process, the
+    seconds from its start to ready. The wait runs in the calling thread, polling each
+    process in turn, so Ctrl-C and SIGTERM (``rollout.serve.stop_on_sigterm``) end it at
+    the next poll; a wait in worker threads would hold the job until each one returns.
+
+    Args:
+        processes: the processes, started (``start()``).
+        timeout_s: the longest wait for all of them, seconds.
+        poll_s: seconds between two rounds of checks.
+        checks: one readiness test per process; None = each one's ``health_url``.
+
+    Raises:
+        ProcessStartError: a process exited, or ``timeout_s`` passed (the processes not
+            ready are stopped); the message holds the last lines of that one's log.
+    """
+    assert all(p.proc is not None for p in processes), "start() first"
+    tests = list(checks) if checks is not None else [p._http_ok for p in processes]
+    pending = dict(zip(processes, tests))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for p, check in list(pending.items()):
+            if p.proc.poll() is not None:
+                raise p._fail(f"exited with code {p.proc.returncode} while starting")
+            if check():
+                p.ready_after_s = time.monotonic() - (p.started_at_s or 0.0)
+                del pending[p]
+        if not pending:
+            return [p.ready_after_s for p in processes]
+        if time.monotonic() > deadline:
+            for p in pending:
+                p.stop()
+            raise next(iter(pending))._fail(f"was not healthy after {timeout_s:.0f} s")
+        time.sleep(poll_s)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

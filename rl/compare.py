@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from common.config import REPO_ROOT, ConfigError, RunFailedError, group_options, hydra_entry
+from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry
 from rl.report import run_summary
 
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),
@@ -48,6 +48,21 @@ def comparison_rows(summaries: dict[str, dict]) -> tuple[list[str], list[list[st
     return header, rows
 
 
+def check_train_runs(runs: dict[str, list[str]]) -> None:
+    """Run ``rl.train``'s pre-start checks (``compose`` and ``rl.train.validate_job_cfg``)
+    on each run's overrides (router -> its ``rl.train`` overrides), so a bad
+    ``train_overrides`` entry is refused before the first run starts.
+
+    Raises:
+        ConfigError (and the other errors ``validate_job_cfg`` names): the message says
+            which router's run it is.
+    """
+    from rl.train import validate_job_cfg
+
+    for router, overrides in runs.items():
+        validate_job_cfg(compose("train", overrides))
+
+
 @hydra_entry("compare")
 def main(cfg: DictConfig) -> None:
     console = Console()
@@ -59,11 +74,13 @@ def main(cfg: DictConfig) -> None:
         raise ConfigError(f"routers: {unknown} are not router options; valid: {', '.join(group_options('router'))}")
     recipe = HydraConfig.get().runtime.choices["recipe"]
     run_dir = Path(cfg.run_dir)
+    runs = {r: [f"recipe={recipe}", f"router={r}", f"seed={cfg.seed}", f"run_dir={run_dir / r}",
+                *[str(o) for o in cfg.train_overrides]] for r in routers}
+    check_train_runs(runs)
     summaries, histories = {}, {}
     for r in routers:
         out = run_dir / r
-        argv = [sys.executable, "-m", "rl.train", f"recipe={recipe}", f"router={r}",
-                f"seed={cfg.seed}", f"run_dir={out}", *[str(o) for o in cfg.train_overrides]]
+        argv = [sys.executable, "-m", "rl.train", *runs[r]]
         console.print(f"[bold]router={r}[/bold]: {' '.join(argv[1:])}")
         if subprocess.run(argv, cwd=REPO_ROOT).returncode != 0:
             raise RunFailedError(f"the run with router={r} failed; its logs are in {out / 'logs'}")

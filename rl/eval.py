@@ -509,10 +509,12 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     else:
         from rollout.serve import ServingStack, stop_on_sigterm
 
+        stack = ServingStack(cfg, Path(str(cfg.run_dir)))
+        stack.check()  # a refused command writes nothing (Hydra's files are removed)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         stop_on_sigterm()
-        with ServingStack(cfg, Path(str(cfg.run_dir))) as stack:
+        with stack:
             report = evaluate(benchmarks_of(cfg, cfg.eval.tokenizer or stack.model_path, single_turn,
                                             grader),
                               stack.router_url, stack.served_model_name, settings, out_dir,

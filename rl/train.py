@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from common.config import EXIT_FAILURE, ConfigError, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, ConfigError, check_values, hydra_entry, number, register_user_error
 from rl.report import plot_run, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -115,7 +115,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     from rl.reward_pool import RewardPool
     from rl.sampler import sampler_from_config
     from rl.trainer import Trainer, trainer_config
-    from rollout.weight_sync import make_weight_sync, weight_sync_config
+    from rollout.weight_sync import job_shm_dir, make_weight_sync, remove_stale_shm_dirs, weight_sync_config
     from rl.workers import AgentWorker, SingleTurnWorker
 
     tcfg = cfg.trainer
@@ -156,11 +156,14 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     console.print(f"disk: about {disk.checkpoints_bytes / gb:.1f} GB in {run_dir} for checkpoints "
                   f"({disk.checkpoint_bytes / gb:.1f} GB each, trainer.checkpoint_keep_last="
                   f"{keep_last}, plus the one being written)"
-                  + (f", {disk.weight_sync_bytes / gb:.1f} GB in {tcfg.weight_sync.shm_dir} for the "
+                  + (f", {disk.weight_sync_bytes / gb:.1f} GB under {tcfg.weight_sync.shm_dir} for the "
                      "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
     # Weight sync (rollout/weight_sync.py): the new weights into the running engines, their
     # prefix caches reset, the router told.
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
+    shm_parent = wcfg.shm_dir
+    remove_stale_shm_dirs(shm_parent)  # weights left by jobs that were killed
+    wcfg.shm_dir = str(job_shm_dir(shm_parent, run_dir.name))  # this job's own; removed by sync.close()
     sync = make_weight_sync(wcfg, stack.engines.urls, int(cfg.engine.tensor_parallel_size),
                             device=str(learner.device))
     if wcfg.method == "nccl":
@@ -227,6 +230,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     finally:
         run.finish()
         sync.close()
+        with contextlib.suppress(OSError):  # absent, or holds another job's folder
+            Path(shm_parent).rmdir()
         rewards.close()
         await http.aclose()
         if agent_client is not None:
@@ -304,11 +309,11 @@ def validate_job_cfg(cfg: DictConfig):
             the key and what to give instead.
     """
     from rollout.engines import validate_engine_cfg
-    from rollout.model import check_model_path_given
+    from rollout.model import check_model_path
     from rollout.weight_sync import WORKER_EXTENSION
     from router.launch import check_router_cfg
 
-    check_model_path_given(cfg.model)
+    check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     agent_task_sets_override(cfg.agents.get("task_sets") or [])
     check_learner_ranks(cfg)
@@ -363,6 +368,28 @@ def check_learner_ranks(cfg: DictConfig) -> None:
                           "give engine.urls=[...] engine.kv_event_endpoints=[...]")
 
 
+def trainer_value_rules(plain: dict) -> dict:
+    """The ``check_values`` rules of the ``trainer`` knobs no part checks when built: every
+    class's group size G and output-token limit (whole numbers >= 1; a class is switched off
+    by its weight in ``trainer.rho``, not by G=0), the sampling fields (temperature >= 0,
+    0 = greedy; 0 < top_p <= 1) of the rollouts and of the evaluation, and the agent
+    episode limits."""
+    whole = number(at_least=1, whole=True)
+    temperature = (number(at_least=0), "a number >= 0 (0 = greedy)")
+    top_p = (number(above=0, at_most=1), "a number in (0, 1]")
+    rules = {f"trainer.group_size.{b}": (whole, "a whole number >= 1 (units per prompt; "
+                                                f"trainer.rho.{b}=0 switches the class off)")
+             for b in plain.get("group_size") or {}}
+    rules.update({f"trainer.max_tokens.{b}": (whole, "a whole number of tokens >= 1")
+                  for b in plain.get("max_tokens") or {}})
+    rules.update({f"trainer.agent_limits.{k}": (whole, "a whole number >= 1")
+                  for k in ("max_turns", "max_tokens_per_turn", "max_context_tokens")})
+    rules.update({"trainer.sampling.temperature": temperature, "trainer.sampling.top_p": top_p,
+                  "trainer.eval.temperature": temperature, "trainer.eval.top_p": top_p})
+    rules.update({f"trainer.eval.{k}": (whole, "a whole number >= 1") for k in ("problems", "n", "max_tokens")})
+    return rules
+
+
 def validate_trainer_cfg(tcfg: DictConfig) -> None:
     """Build every part of ``trainer`` that needs no running stack (mixture, loss, learner,
     limits, weight sync, and each prompt domain with its data), so a bad value is refused
@@ -397,6 +424,7 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         v = plain.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(f"trainer.{key}={v!r}: give a number of seconds > 0")
+    check_values({"trainer": plain}, trainer_value_rules(plain))
     for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
         for name, opts in (domains or {}).items():
             try:

@@ -37,7 +37,7 @@ from typing import Sequence
 import httpx
 from omegaconf import DictConfig
 
-from common.process import ManagedProcess, ProcessStartError, free_port
+from common.process import ManagedProcess, ProcessStartError, free_port, wait_all_healthy
 from common.urls import engine_urls_problem, kv_event_endpoints_problem
 
 
@@ -363,10 +363,9 @@ class EnginePool:
         try:
             for h in handles:
                 h.process.start()
-            with ThreadPoolExecutor(len(handles)) as ex:
-                starts = list(ex.map(
-                    lambda h: h.process.wait_healthy(float(ecfg.startup_timeout_s), poll_s=2.0),
-                    handles))
+            # in this thread: a Ctrl-C or SIGTERM ends the wait at once (wait_all_healthy)
+            starts = wait_all_healthy([h.process for h in handles], float(ecfg.startup_timeout_s),
+                                      poll_s=2.0)
             for h, s in zip(handles, starts):
                 h.start_s = s
         except ProcessStartError as e:

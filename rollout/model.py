@@ -27,6 +27,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.config import missing_local_path
+
 _DONE_MARKER = ".prepared.json"
 
 
@@ -54,6 +56,33 @@ def check_model_path_given(model_cfg: DictConfig) -> None:
             "Qwen/Qwen2.5-7B-Instruct)")
 
 
+def check_model_path(model_cfg: DictConfig) -> None:
+    """The checks of ``model.path`` that need nothing prepared: given where the recipe
+    requires it (``check_model_path_given``), and a local folder that exists and holds
+    ``config.json``; a name that is not a path is taken as a hub id. Cheap, so entry points
+    run it before they write anything.
+
+    Raises:
+        ModelPrepareError: the message names ``model.path`` and what to give instead.
+    """
+    check_model_path_given(model_cfg)
+    path = model_cfg.get("path")
+    if not path:
+        return
+    p = Path(str(path)).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise ModelPrepareError(
+                f"model.path={path} exists but holds no config.json: give a Hugging Face "
+                "model folder (config.json, weights, tokenizer) or a hub id."
+            )
+    packaged = " or leave model.path unset to use the packaged default model" if model_cfg.get(
+        "source") else ""
+    missing = missing_local_path("model.path", path, packaged)
+    if missing:
+        raise ModelPrepareError(missing)
+
+
 def resolve_model_path(model_cfg: DictConfig) -> str:
     """Return what vLLM/transformers should load for ``model_cfg``.
 
@@ -61,29 +90,14 @@ def resolve_model_path(model_cfg: DictConfig) -> str:
     hub id), otherwise the prepared folder of ``model.source`` (converted on first use).
 
     Raises:
-        ModelPrepareError: ``model.path`` is required by the recipe (``???``) but not
-            given, looks like a local path that does not exist, or preparing the packaged
-            model failed.
+        ModelPrepareError: ``model.path`` fails ``check_model_path``, or preparing the
+            packaged model failed.
     """
-    check_model_path_given(model_cfg)
+    check_model_path(model_cfg)
     path = model_cfg.get("path")
     if path:
         p = Path(str(path)).expanduser()
-        if p.exists():
-            if not (p / "config.json").exists():
-                raise ModelPrepareError(
-                    f"model.path={path} exists but holds no config.json: give a Hugging Face "
-                    "model folder (config.json, weights, tokenizer) or a hub id."
-                )
-            return str(p.resolve())
-        if str(path).startswith((".", "/", "~")):
-            packaged = " or leave model.path unset to use the packaged default model" if model_cfg.get(
-                "source") else ""
-            raise ModelPrepareError(
-                f"model.path={path} does not exist. Give an existing local Hugging Face "
-                f"folder or a hub id (org/name){packaged}."
-            )
-        return str(path)
+        return str(p.resolve()) if p.exists() else str(path)
     return str(prepare_model(model_cfg))
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.config import EXIT_FAILURE, hydra_entry, register_user_error
 from rollout.engines import EngineError, EnginePool, EngineStartError, validate_engine_cfg
-from rollout.model import ModelBuildError, ModelPrepareError, resolve_model_path
+from rollout.model import ModelBuildError, ModelPrepareError, check_model_path, resolve_model_path
 from common.process import ProcessStartError
 
 register_user_error(EngineError)  # a bad engine value: exit 2
@@ -59,10 +59,12 @@ class ServingStack:
         """The checks of the config that ``start()`` runs first; nothing is started or written.
 
         Raises:
-            EngineError, RouterConfigError: a bad engine or router value.
+            ModelPrepareError, EngineError, RouterConfigError: a bad model path, engine or
+                router value.
         """
         from router.launch import check_router_cfg
 
+        check_model_path(self.cfg.model)
         validate_engine_cfg(self.cfg.engine)
         check_router_cfg(self.cfg.router)
 

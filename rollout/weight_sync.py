@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -492,6 +493,36 @@ def make_weight_sync(cfg: WeightSyncConfig, engine_urls: Sequence[str],
     if cfg.method == "nccl":
         return NcclWeightSync(engine_urls, workers_per_engine, cfg, device=device)
     return HttpReloadSync(engine_urls, cfg)
+
+
+def job_shm_dir(parent: str | os.PathLike, run_name: str) -> Path:
+    """This job's own weights folder under ``parent`` (``trainer.weight_sync.shm_dir``):
+    ``<parent>/<run folder name>-<pid>``, so two jobs on one machine never share one; the
+    pid lets ``remove_stale_shm_dirs`` tell a killed job's folder from a running one's."""
+    return Path(parent) / f"{run_name}-{os.getpid()}"
+
+
+def remove_stale_shm_dirs(parent: str | os.PathLike) -> list[Path]:
+    """Remove the ``job_shm_dir`` folders under ``parent`` whose job (the pid their name
+    ends with) is no longer running: a job killed with SIGKILL cannot remove its own
+    weights (0.5 GB for 135M, in memory on a tmpfs). Folders of running jobs, other
+    users' and names without a pid are left alone. Returns the folders removed."""
+    removed = []
+    root = Path(parent)
+    for entry in (root.iterdir() if root.is_dir() else ()):
+        name, _, pid = entry.name.rpartition("-")
+        if not (name and pid.isdigit() and entry.is_dir()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # running (or a reused pid: kept, to be safe)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # another user's running process
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
 
 
 def weight_sync_config(opts: Mapping[str, Any], router_url: str | None = None) -> WeightSyncConfig:

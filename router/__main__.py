@@ -30,8 +30,9 @@ CONFIG_NAME = "router_service"
 log = logging.getLogger("router")
 
 
-async def serve(cfg: DictConfig) -> None:
-    """Run the router until SIGINT/SIGTERM.
+async def serve(cfg: DictConfig) -> int:
+    """Run the router until SIGINT/SIGTERM; returns that signal's number once the service
+    has stopped.
 
     Raises:
         RouterConfigError: a bad option (see ``router.server.build_service``).
@@ -49,17 +50,20 @@ async def serve(cfg: DictConfig) -> None:
                                 "server.host (an address of this machine) or server.port") from None
     log.info("router (policy %s) serving on %s for %s", service.policy.name, url, ", ".join(service.instances))
     stop = asyncio.Event()
+    got: list[int] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda sig=sig: (got.append(sig), stop.set()))
     await stop.wait()
     log.info("router stopping")
     await service.stop()
+    return got[0]
 
 
 @hydra_entry(CONFIG_NAME)
 def main(cfg: DictConfig) -> None:
-    """Run the router with the composed config ``cfg`` until SIGINT/SIGTERM."""
+    """Run the router with the composed config ``cfg`` until SIGINT/SIGTERM; then exit as
+    every command does (``common.config``): 130 for Ctrl-C, 143 for SIGTERM."""
     logging.getLogger().setLevel(str(cfg.server.log_level).upper())
     try:
         import uvloop  # libuv event loop: lower per-request latency than asyncio's default loop
@@ -68,7 +72,9 @@ def main(cfg: DictConfig) -> None:
     except ImportError:
         log.info("uvloop not installed: using the default asyncio event loop")
         run = asyncio.run
-    run(serve(cfg))
+    if run(serve(cfg)) == signal.SIGINT:
+        raise KeyboardInterrupt  # hydra_entry: one "stopped (Ctrl-C)" line, exit 130
+    raise SystemExit(143)  # SIGTERM (hydra_entry prints the line for 143)
 
 
 if __name__ == "__main__":

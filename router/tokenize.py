@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from common.config import missing_local_path
 from router.policies.base import RouterConfigError
 from router.prefix_index import chain_hashes
 
@@ -71,6 +72,10 @@ def load_tokenizer(model_path: str):
     Raises:
         RouterConfigError: the path (or hub id) holds no loadable tokenizer.
     """
+    missing = missing_local_path("model.path", model_path,
+                                 " or model.path=null to route without a tokenizer")
+    if missing:  # at once: transformers would take a minute to say so
+        raise RouterConfigError(missing)
     from transformers import AutoTokenizer  # heavy import, only when a model is configured
 
     try:

@@ -259,3 +259,10 @@ def test_sharded_32b_recipe_passes_every_check_the_job_runs_before_engines_start
 
     with pytest.raises(RankError, match="trainer.learner.world_size=48, but the launcher started 16"):
         validate_job_cfg(cfg)
+
+
+def test_an_unknown_key_next_to_run_dir_is_one_line_naming_it():
+    from common.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.iteratons'"):
+        compose("train", ["run_dir=/tmp/x", "trainer.iteratons=3"], return_hydra_config=True)

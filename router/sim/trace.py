@@ -163,12 +163,26 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> list[Tra
 
 
 def read_trace(path: str | Path) -> list[TraceSession]:
-    """Read and validate a JSONL trace file (see module docstring). Raises SimError."""
+    """Read and validate a JSONL trace file (see module docstring).
+
+    Raises:
+        SimError: the path does not exist or is a directory, the file is not UTF-8 text, is
+            empty (no request line), or holds a malformed record.
+    """
     p = Path(path)
+    if p.is_dir():
+        raise SimError(f"trace {str(p)!r} is a directory: give a JSONL trace file")
     if not p.is_file():
         raise SimError(f"trace file {str(p)!r} does not exist")
-    with p.open() as f:
-        return parse_trace_lines(f, source=str(p))
+    try:
+        with p.open(encoding="utf-8") as f:
+            sessions = parse_trace_lines(f, source=str(p))
+    except UnicodeDecodeError as e:
+        raise SimError(f"trace file {str(p)!r} is not a UTF-8 text JSONL file "
+                       f"(byte {e.start}: {e.reason})") from None
+    if not sessions:
+        raise SimError(f"trace file {str(p)!r} is empty: it holds no request records")
+    return sessions
 
 
 def write_trace(sessions: Iterable[TraceSession], path: str | Path) -> int:

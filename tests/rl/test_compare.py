@@ -30,3 +30,14 @@ def test_unknown_router_in_the_list_is_refused_with_the_options():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2  # as rl.train router=misa-x
     assert "misa-x" in r.stderr and "misa-t" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_train_overrides_are_refused_before_any_run(tmp_path):
+    for overrides, said in (('train_overrides=["trainer.iteratons=3"]', "unknown config key 'trainer.iteratons'"),
+                            ('train_overrides=["trainer.iterations=abc"]', "trainer")):
+        run_dir = tmp_path / "cmp"
+        r = subprocess.run([sys.executable, "-m", "rl.compare", f"run_dir={run_dir}", overrides],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, r.stderr
+        assert said in r.stderr and "Traceback" not in r.stderr
+        assert "router=" not in r.stdout and not run_dir.exists()  # no run was started

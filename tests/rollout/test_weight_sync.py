@@ -342,3 +342,24 @@ def test_worker_extension_has_no_name_of_vllms_gpu_worker():
 
     clash = [n for n in dir(NcclWeightSyncWorker) if not n.startswith("__") and hasattr(Worker, n)]
     assert not clash
+
+
+def test_each_job_has_its_own_weights_folder_and_a_killed_jobs_folder_is_removed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from rollout.weight_sync import job_shm_dir, remove_stale_shm_dirs
+
+    mine = job_shm_dir(tmp_path, "20260101-mixed_step-misa-t")
+    assert mine.parent == tmp_path and mine.name == f"20260101-mixed_step-misa-t-{os.getpid()}"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = tmp_path / f"other-run-{dead.pid}"
+    (killed / "v3").mkdir(parents=True)
+    mine.mkdir()
+    unrelated = tmp_path / "not-a-job"
+    unrelated.mkdir()
+    remove_stale_shm_dirs(tmp_path)
+    assert not killed.exists()  # its job is gone: its weights are removed
+    assert mine.exists() and unrelated.exists()

@@ -48,3 +48,15 @@ def test_block_size_unknown_gives_no_hashes(model_dir):
 def test_malformed_prompt_raises_prompt_error(body, endpoint):
     with pytest.raises(PromptError):
         PromptTokenizer(None).prompt_info(body, endpoint)
+
+
+
+def test_a_missing_model_path_is_refused_at_once_with_rl_trains_wording():
+    import pytest
+
+    from router.policies.base import RouterConfigError
+    from router.tokenize import load_tokenizer
+
+    with pytest.raises(RouterConfigError, match=r"model.path=/nonexist does not exist\. Give an existing local "
+                                                r"Hugging Face folder or a hub id \(org/name\)"):
+        load_tokenizer("/nonexist")

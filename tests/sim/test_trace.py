@@ -63,3 +63,36 @@ def test_writer_refuses_a_bad_record_without_writing():
     with pytest.raises(SimError, match="prompt_tokens"):
         TraceWriter(buf).record(session_id="s", workload_class="a", prompt_tokens=0, output_tokens=1)
     assert buf.getvalue() == ""
+
+
+def test_a_trace_that_is_a_directory_binary_or_empty_is_named_as_such(tmp_path):
+    import pytest
+
+    from router.sim.errors import SimError
+
+    with pytest.raises(SimError, match="is a directory"):
+        read_trace(tmp_path)
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(SimError, match="not a UTF-8 text"):
+        read_trace(binary)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(SimError, match="is empty"):
+        read_trace(empty)
+
+
+def test_router_sim_refuses_a_binary_trace_with_exit_2_and_no_run_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from common.config import REPO_ROOT
+
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "router.sim", f"trace={binary}", "experiment=run",
+                        f"out_dir={runs}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "not a UTF-8 text" in r.stderr and "Traceback" not in r.stderr
+    assert not runs.exists()

@@ -1,0 +1,53 @@
+"""The numeric ``trainer`` knobs are checked before engines start (``rl.train.validate_trainer_cfg``):
+a group size of 0, a negative temperature or token limit is refused with the key named,
+not accepted into a run."""
+
+import pytest
+
+from common.config import ConfigError, compose
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer.group_size.rlvr=0", "trainer.group_size.rlvr"),
+    ("trainer.group_size.agent=0", "trainer.group_size.agent"),
+    ("trainer.group_size.rlhf=-2", "trainer.group_size.rlhf"),
+    ("trainer.group_size.rlvr=2.5", "trainer.group_size.rlvr"),
+    ("trainer.sampling.temperature=-1", "trainer.sampling.temperature"),
+    ("trainer.sampling.top_p=0", "trainer.sampling.top_p"),
+    ("trainer.sampling.top_p=1.5", "trainer.sampling.top_p"),
+    ("trainer.max_tokens.rlvr=0", "trainer.max_tokens.rlvr"),
+    ("trainer.max_tokens.rlhf=-5", "trainer.max_tokens.rlhf"),
+    ("trainer.agent_limits.max_turns=0", "trainer.agent_limits.max_turns"),
+    ("trainer.agent_limits.max_tokens_per_turn=0", "trainer.agent_limits.max_tokens_per_turn"),
+    ("trainer.agent_limits.max_context_tokens=-1", "trainer.agent_limits.max_context_tokens"),
+    ("trainer.eval.n=0", "trainer.eval.n"),
+    ("trainer.eval.temperature=-0.5", "trainer.eval.temperature"),
+    ("trainer.eval.max_tokens=0", "trainer.eval.max_tokens"),
+    ("trainer.eval.problems=0", "trainer.eval.problems"),
+])
+def test_a_bad_numeric_trainer_value_is_refused_before_start(override, key):
+    from rl.train import validate_trainer_cfg
+
+    cfg = compose("train", ["run_dir=runs/test", override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_trainer_cfg(cfg.trainer)
+
+
+def test_temperature_zero_is_greedy_and_allowed():
+    from rl.train import validate_trainer_cfg
+
+    validate_trainer_cfg(compose("train", ["run_dir=runs/test", "trainer.sampling.temperature=0"]).trainer)
+
+
+def test_rl_train_refuses_group_size_zero_with_exit_2_and_no_run_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from common.config import REPO_ROOT
+
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rl.train", f"run_dir={run_dir}", "trainer.group_size.rlvr=0"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "trainer.group_size.rlvr" in r.stderr and "Traceback" not in r.stderr
+    assert "run folder" not in r.stdout and not run_dir.exists()
