@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 
 def build_options(config_cls: type, params: Mapping[str, Any] | None, where: str,
-                  error: type[Exception] = ValueError, unknown_error: type[Exception] | None = None) -> Any:
+                  error: type[Exception] = ValueError, unknown_error: type[Exception] | None = None,
+                  not_options: Collection[str] = ()) -> Any:
     """Instantiate dataclass ``config_cls`` from ``params``, checking keys and types.
 
     Args:
@@ -28,6 +29,8 @@ def build_options(config_cls: type, params: Mapping[str, Any] | None, where: str
         where: the section's name in messages (``trainer.loss``, ``router policy 'misa_t'``).
         error: the part's exception type for a bad value.
         unknown_error: the type for an unknown key (default: ``error``).
+        not_options: fields another part sets (not keys of ``params``): refused as unknown
+            and left out of the list of valid options.
 
     Raises:
         unknown_error: an unknown key (the message lists the valid keys).
@@ -37,7 +40,7 @@ def build_options(config_cls: type, params: Mapping[str, Any] | None, where: str
     """
     params = dict(params or {})
     hints = typing.get_type_hints(config_cls)
-    names = [f.name for f in dataclasses.fields(config_cls) if f.init]
+    names = [f.name for f in dataclasses.fields(config_cls) if f.init and f.name not in not_options]
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise (unknown_error or error)(

@@ -122,7 +122,8 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None, *,
                 f"router.params.{key} is no policy option any more: the router service's {transport_key} sets it "
                 f"for the policy and /metrics alike; give {transport_key}=... instead")
     config = build_options(config_cls, params, f"router policy {canonical_policy_name(name)!r}",
-                           error=RouterConfigError, unknown_error=UnknownOptionError)
+                           error=RouterConfigError, unknown_error=UnknownOptionError,
+                           not_options=TRANSPORT_OPTIONS)
     if any(f.name == "long_hold_s" for f in dataclasses.fields(config)):
         if not long_hold_s > 0:
             raise RouterConfigError(f"server.long_hold_s must be > 0, got {long_hold_s!r}")

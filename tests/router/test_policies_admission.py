@@ -414,3 +414,11 @@ def test_cost_placement_follows_eq_1() -> None:
         )
         # waiting 4: c_w0 = 2.048 + 0.2 = 2.248 > c_w1 = 0 + 1.0; waiting 1: c_w0 = 0.512 + 0.2 < 1.0
         assert admitted(policy.decide(r, view, 1.0)) == expected
+
+
+@pytest.mark.parametrize("name", ["session_admission", "misa", "misa_t"])
+def test_an_unknown_option_message_does_not_offer_the_transports_long_hold_s(name: str) -> None:
+    with pytest.raises(UnknownOptionError, match="valid options") as err:
+        make_policy(name, {"no_such_option": 1})
+    assert "long_hold_s" not in str(err.value)
+    assert "idle_timeout_s" in str(err.value)
