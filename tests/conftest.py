@@ -146,3 +146,7 @@ def real_router_url(real_engine, model_path, tmp_path_factory, train_cfg) -> str
         yield handle.url
     finally:
         handle.stop()
+
+# A model folder that exists, for tests of the checks a job runs before it starts (they
+# refuse a model.path that does not exist; nothing here loads it).
+STAND_IN_MODEL_OVERRIDE = f"model.path={Path(__file__).resolve().parent / 'data' / 'stand_in_model'}"

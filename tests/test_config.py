@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from common.config import ConfigError, compose
-from tests.conftest import GSM8K_TINY_OVERRIDE
+from tests.conftest import GSM8K_TINY_OVERRIDE, STAND_IN_MODEL_OVERRIDE
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -114,7 +114,7 @@ def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, overrid
 
 
 def _gpu(*overrides: str):
-    return compose("train", ["recipe=mixed_step_gpu", "model.path=/tmp/x", "run_dir=runs/test",
+    return compose("train", ["recipe=mixed_step_gpu", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test",
                              GSM8K_TINY_OVERRIDE, *overrides])
 
 
@@ -247,7 +247,7 @@ def test_sharded_32b_recipe_passes_every_check_the_job_runs_before_engines_start
     monkeypatch.setattr("rl.train.visible_gpu_count", lambda: 8)
     urls = [f"http://r{i}:8000" for i in range(1, 5)]
     events = [f"tcp://r{i}:5557" for i in range(1, 5)]
-    cfg = compose("train", ["recipe=sharded_32b", "model.path=/tmp/x", "run_dir=runs/test",
+    cfg = compose("train", ["recipe=sharded_32b", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test",
                             f"engine.urls=[{','.join(urls)}]",
                             f"engine.kv_event_endpoints=[{','.join(events)}]",
                             "trainer.weight_sync.nccl_master_address=node0"])

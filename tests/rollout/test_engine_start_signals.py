@@ -15,6 +15,7 @@ from common.config import REPO_ROOT
 from tests.processes import kill_marked, marked_processes, new_marker, wait_until_gone
 
 SCRIPT = textwrap.dedent("""
+    import signal
     import sys
     from pathlib import Path
 
@@ -26,6 +27,10 @@ SCRIPT = textwrap.dedent("""
     # an engine that starts and never answers /health
     engines.engine_argv = lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(900)", marker]
     stop_on_sigterm()
+    # A job started in the background by a shell without job control (CI's runner) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler; a terminal's
+    # Ctrl-C reaches a foreground job, whose handler this restores.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ecfg = compose("train", ["run_dir=runs/test", "engine.num_engines=2",
                              "engine.startup_timeout_s=900"]).engine
     try:

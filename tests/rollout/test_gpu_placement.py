@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from common.config import ConfigError, compose
 from rollout.engines import EngineError, engine_env, gpu_placement
-from tests.conftest import GSM8K_TINY_OVERRIDE
+from tests.conftest import GSM8K_TINY_OVERRIDE, STAND_IN_MODEL_OVERRIDE
 
 
 def test_engines_take_tp_gpus_each_and_the_trainer_the_ones_given():
@@ -55,7 +55,7 @@ def test_engine_env_splits_the_jobs_gpus_and_leaves_the_trainers_free(monkeypatc
 
 
 def _gpu_cfg(*overrides: str):
-    return compose("train", ["recipe=mixed_step_gpu", "model.path=/tmp/model", "run_dir=runs/test",
+    return compose("train", ["recipe=mixed_step_gpu", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test",
                              GSM8K_TINY_OVERRIDE, *overrides])
 
 
