@@ -54,12 +54,12 @@ def check_train_runs(runs: dict[str, list[str]]) -> None:
     ``train_overrides`` entry is refused before the first run starts.
 
     Raises:
-        ConfigError (and the other errors ``validate_job_cfg`` names): the message says
-            which router's run it is.
+        ConfigError (and the other errors ``validate_job_cfg`` names): the first bad value
+            (the runs differ only in ``router=``, which ``main`` checked already).
     """
     from rl.train import validate_job_cfg
 
-    for router, overrides in runs.items():
+    for overrides in runs.values():
         validate_job_cfg(compose("train", overrides))
 
 

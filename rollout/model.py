@@ -76,6 +76,7 @@ def check_model_path(model_cfg: DictConfig) -> None:
                 f"model.path={path} exists but holds no config.json: give a Hugging Face "
                 "model folder (config.json, weights, tokenizer) or a hub id."
             )
+        return
     packaged = " or leave model.path unset to use the packaged default model" if model_cfg.get(
         "source") else ""
     missing = missing_local_path("model.path", path, packaged)

@@ -13,7 +13,8 @@ requests in an :class:`ArrivalQueue`, and both keep the same contract:
    first.
 2. **Wake the N longest-waiting when capacity frees.** When something frees capacity (a
    request finishes, an engine recovers), the transport rechecks the ``n`` oldest held
-   requests at once (:meth:`ArrivalQueue.pop_oldest`), not all of them (waking every held
+   requests at once (:meth:`HeldWaiters.wake` live; the simulator asks each queue's head
+   again), not all of them (waking every held
    request would cost O(held) decisions per finished request); the others are rechecked
    after their own ``recheck_after_s``.
 3. **Cancellation.** A held request whose client went away is removed
