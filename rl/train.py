@@ -402,7 +402,7 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
     from rl.grpo import loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
-    from rl.trainer import trainer_config
+    from rl.trainer import TrainerError, check_group_fits, trainer_config
     from rollout.weight_sync import weight_sync_config
 
     plain = OmegaConf.to_container(tcfg, resolve=True)
@@ -425,6 +425,11 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(f"trainer.{key}={v!r}: give a number of seconds > 0")
     check_values({"trainer": plain}, trainer_value_rules(plain))
+    try:  # a group is released whole: max_in_flight holds the largest one drawn
+        check_group_fits(int(plain["max_in_flight"]), plain.get("group_size") or {},
+                         normalize_mixture(plain["rho"]))
+    except TrainerError as e:
+        raise ConfigError(str(e)) from None
     for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
         for name, opts in (domains or {}).items():
             try:

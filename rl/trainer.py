@@ -2,7 +2,7 @@
 
 One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken:
 
-1. **Release**: while in-flight units are below ``max_in_flight``, the sampler releases
+1. **Release**: while units being generated are below ``max_in_flight``, the sampler releases
    whole GRPO groups at the target mixture rho; each unit becomes an asyncio task on a
    rollout worker (single-turn for rlvr/rlhf, the agent server for agent units). All model
    calls go through the router with the session headers.
@@ -141,6 +141,24 @@ class TrainerConfig:
                                "number >= 1 (groups one step may examine, in groups_per_step)")
 
 
+def check_group_fits(max_in_flight: int, group_sizes: Mapping[str, int], rho: Mapping[str, float]) -> None:
+    """A GRPO group is released whole, so ``max_in_flight`` must hold the largest group of
+    every class the mixture draws from (weight > 0 in ``rho``); else that class could never
+    be released and the loop would stall.
+
+    Raises:
+        TrainerError: naming ``trainer.max_in_flight`` and the group size it is below.
+    """
+    drawn = {b: int(g) for b, g in group_sizes.items() if float(rho.get(b, 0) or 0) > 0}
+    if not drawn:
+        return
+    b = max(drawn, key=drawn.get)
+    if drawn[b] > max_in_flight:
+        raise TrainerError(f"trainer.max_in_flight={max_in_flight} is below trainer.group_size.{b}="
+                           f"{drawn[b]}: a group is released whole; raise trainer.max_in_flight to "
+                           f"at least {drawn[b]} or lower the group size")
+
+
 def trainer_config(tcfg: DictConfig | Mapping[str, Any]) -> TrainerConfig:
     """``TrainerConfig`` from the ``trainer`` group (its other sections, such as the
     learner's, the domains or the weight sync, are read by their own parts).
@@ -252,6 +270,8 @@ class Trainer:
                  learner: Learner, workers: dict[str, Worker], engine_urls: list[str],
                  router_url: str | None, weight_sync: WeightSync | None, run_dir: Path,
                  log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None):
+        check_group_fits(config.limits.max_in_flight,
+                         {b: spec.group_size for b, spec in sampler.classes.items()}, sampler.rho)
         self.config = config
         self.sampler = sampler
         self.mixture_ledger = mixture_ledger
@@ -291,9 +311,10 @@ class Trainer:
                 if self.iterations_done + (update is not None) < self.config.iterations:
                     self._release(in_flight, updating=update is not None)
                 waits = set(in_flight) | ({update} if update else set())
-                if not waits:
-                    raise TrainerError("nothing in flight and no update running: raise "
-                                       "trainer.max_in_flight above the largest group size")
+                if not waits:  # cannot happen while check_group_fits holds (see _release)
+                    raise TrainerError("nothing in flight and no update running, with "
+                                       f"{self.outstanding_groups} group(s) outstanding: a bug in "
+                                       "the release rules; please report it with this run's config")
                 t0 = time.monotonic()
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if update is None:
@@ -338,15 +359,19 @@ class Trainer:
         return batch, rest
 
     def _release(self, in_flight: dict[asyncio.Task, RolloutUnit], updating: bool) -> None:
-        # In flight = released and not yet trained on or dropped (the ledger's count): units
-        # that finished and wait in a group for the next step count too, so generation
-        # cannot run further ahead of training than max_in_flight units. And no more groups
-        # are out than the next max_staleness + 1 steps can train on: a group released
-        # beyond that would only go stale and be dropped.
-        # A group released now is stamped with the current version v; the k-th group queued
-        # behind the outstanding ones is trained at version v + updating + k // G_step,
-        # which must stay <= v + max_staleness.
-        free = self.config.limits.free_slots(self.mixture_ledger.in_flight())
+        # Two limits (DESIGN.md step 2). Concurrency: at most max_in_flight units are being
+        # generated at once (released, not yet back from their worker). Units that finished
+        # and wait in a group for the next step do not count: they hold no engine capacity,
+        # and counting them stalled any run whose step (groups_per_step x G) is larger than
+        # max_in_flight. Run-ahead: no more groups are out than the next max_staleness + 1
+        # steps can train on: a group released beyond that would only go stale and be
+        # dropped. A group released now is stamped with the current version v; the k-th
+        # group queued behind the outstanding ones is trained at version
+        # v + updating + k // G_step, which must stay <= v + max_staleness.
+        # With nothing generating and no update running, free = max_in_flight >= every
+        # group (check_group_fits) and fewer than groups_per_step groups are outstanding
+        # (else an update would have started), so a group is always released.
+        free = self.config.limits.free_slots(len(in_flight))
         steps_ahead = self.config.limits.max_staleness + 1 - int(updating)
         group_budget = steps_ahead * self.config.groups_per_step - self.outstanding_groups
         while group_budget > 0:

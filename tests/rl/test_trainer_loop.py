@@ -491,3 +491,48 @@ def test_max_release_factor_below_one_is_refused(tmp_path):
 
     with pytest.raises(TrainerError, match="max_release_factor"):
         trainer(tmp_path, tcfg(dynamic_sampling={"enabled": True, "max_release_factor": 0.5}))
+
+
+def concurrency_tracking_worker():
+    """A ``make_worker`` worker that also records how many units run at once (``peak``)."""
+    inner, state = make_worker(), {"running": 0, "peak": 0}
+
+    async def run(unit):
+        state["running"] += 1
+        state["peak"] = max(state["peak"], state["running"])
+        try:
+            await asyncio.sleep(0.001)  # let other units start beside this one
+            return await inner(unit)
+        finally:
+            state["running"] -= 1
+
+    return run, state
+
+
+def test_a_step_larger_than_max_in_flight_trains_instead_of_stalling(tmp_path):
+    # groups_per_step x group size (6 x up to 4 units) is three times max_in_flight: finished
+    # groups waiting for their step must not hold the release ceiling (they did, and the
+    # loop stopped with "nothing in flight and no update running").
+    w, state = concurrency_tracking_worker()
+    t = trainer(tmp_path, tcfg(groups_per_step=6, max_in_flight=8, iterations=3),
+                workers={"agent": w, "rlvr": w, "rlhf": w})
+    history = asyncio.run(t.run())
+    assert len(history) == 3 and all(not h["skipped_update"] for h in history)
+    assert 4 <= state["peak"] <= 8  # max_in_flight bounds units being generated at once
+    assert books_balance(t.mixture_ledger)
+
+
+def test_units_generated_at_once_stay_under_max_in_flight(tmp_path):
+    w, state = concurrency_tracking_worker()
+    t = trainer(tmp_path, tcfg(groups_per_step=3, max_in_flight=5, iterations=4),
+                workers={"agent": w, "rlvr": w, "rlhf": w})
+    asyncio.run(t.run())
+    assert 2 <= state["peak"] <= 5
+
+
+def test_max_in_flight_below_a_group_is_refused_before_the_loop(tmp_path):
+    from rl.trainer import TrainerError
+
+    # rlvr groups are 4 units (the test sampler); a group is released whole
+    with pytest.raises(TrainerError, match=r"trainer.max_in_flight=3 .*trainer.group_size.rlvr=4"):
+        trainer(tmp_path, tcfg(max_in_flight=3))

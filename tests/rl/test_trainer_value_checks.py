@@ -33,6 +33,17 @@ def test_a_bad_numeric_trainer_value_is_refused_before_start(override, key):
         validate_trainer_cfg(cfg.trainer)
 
 
+def test_max_in_flight_below_the_largest_group_of_a_mixed_class_is_refused_before_start():
+    from rl.train import validate_trainer_cfg
+
+    cfg = compose("train", ["run_dir=runs/test", "trainer.group_size.rlvr=8", "trainer.max_in_flight=6"])
+    with pytest.raises(ConfigError, match=r"trainer\.max_in_flight=6 .*trainer\.group_size\.rlvr=8"):
+        validate_trainer_cfg(cfg.trainer)
+    # a class switched off by its weight does not count
+    validate_trainer_cfg(compose("train", ["run_dir=runs/test", "trainer.group_size.rlvr=8",
+                                           "trainer.max_in_flight=6", "trainer.rho.rlvr=0"]).trainer)
+
+
 def test_temperature_zero_is_greedy_and_allowed():
     from rl.train import validate_trainer_cfg
 
