@@ -177,7 +177,11 @@ def _free_port() -> int:
 
 def measure(args, ranks: int) -> dict:
     """Start ``ranks`` processes of this script and return rank 0's figures."""
-    out = Path(tempfile.mkdtemp(prefix="sharded-bench-")) / "out.json"
+    with tempfile.TemporaryDirectory(prefix="sharded-bench-") as tmp:  # removed on any exit
+        return _measure_in(args, ranks, Path(tmp) / "out.json")
+
+
+def _measure_in(args, ranks: int, out: Path) -> dict:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": str(ranks),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -195,8 +199,6 @@ def measure(args, ranks: int) -> dict:
     if any(codes):
         raise SystemExit(f"{ranks} rank(s): exit codes {codes}")
     res = json.loads(out.read_text())
-    out.unlink()
-    out.parent.rmdir()
     if res["gather_unequal"]:
         raise SystemExit(f"{ranks} rank(s): the sync's gathered {', '.join(res['gather_unequal'])} "
                          "differ from DCP's full state dict")

@@ -30,9 +30,18 @@ def iteration_lines(history: Sequence[Mapping]) -> list[Mapping]:
     return [h for h in history if h.get("iteration_s") is not None]
 
 
+# Rates over an iteration's window: their run figure weighs each iteration by its length
+# (total samples / total time), so a 1-second iteration that completed nothing (its step
+# trained groups an earlier iteration collected) does not halve the run's samples/min.
+TIME_WEIGHTED = frozenset({"requests_per_min", "samples_per_min", "prefill_tok_s", "decode_tok_s"})
+
+
 def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
-    """Means over iterations of each figure (TV distance and mixture: the last iteration's),
-    and under ``counts`` how many iterations each mean covers (those that have the figure).
+    """Each figure over the run's iterations: the rates (``TIME_WEIGHTED``) as their
+    time-weighted mean (sum of rate x ``iteration_s`` over the sum of ``iteration_s``:
+    what the whole run delivered per unit of time), the other figures as plain means, TV
+    distance and mixture as the last iteration's; under ``counts`` how many iterations
+    each covers (those that have the figure).
 
     Returns an empty dict for a history without iterations.
     """
@@ -42,9 +51,16 @@ def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
     out: dict = {}
     counts: dict[str, int] = {}
     for key, _, _ in SUMMARY_FIGURES:
-        vals = [h[key] for h in its if h.get(key) is not None]
-        out[key] = (vals[-1] if key == "tv_distance" else mean(vals)) if vals else None
-        counts[key] = len(vals)
+        have = [h for h in its if h.get(key) is not None]
+        if not have:
+            out[key] = None
+        elif key == "tv_distance":
+            out[key] = have[-1][key]
+        elif key in TIME_WEIGHTED and sum(h["iteration_s"] for h in have) > 0:
+            out[key] = sum(h[key] * h["iteration_s"] for h in have) / sum(h["iteration_s"] for h in have)
+        else:
+            out[key] = mean(h[key] for h in have)
+        counts[key] = len(have)
     out["consumed_mixture"] = its[-1].get("consumed_mixture")
     out["iterations"] = len(its)
     out["counts"] = counts
@@ -52,13 +68,13 @@ def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
 
 
 def summary_table(history: Sequence[Mapping], title: str = "run summary") -> Table:
-    """A rich table of ``run_summary``: each mean with the number of iterations it covers
+    """A rich table of ``run_summary``: each figure with the number of iterations it covers
     (skipped updates have no sync time, so fewer); also the consumed mixture."""
     s = run_summary(history)
     n = s.get("iterations", 0)
     t = Table(title=f"{title} ({n} iterations)")
     t.add_column("figure")
-    t.add_column("mean over iterations", justify="right")
+    t.add_column("over the run", justify="right")
     t.add_column("iterations", justify="right")
     for key, label, fmt in SUMMARY_FIGURES:
         v = s.get(key)

@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 
 from common.process import ManagedProcess, ProcessStartError, free_port, wait_all_healthy
 from common.urls import engine_urls_problem, kv_event_endpoints_problem
+from rollout.leftovers import POOL_PREFIX, mark_owner, sweep_leftovers
 
 
 class EngineError(RuntimeError):
@@ -344,8 +345,10 @@ class EnginePool:
             return cls(handles)
 
         handles: list[EngineHandle] = []
+        sweep_leftovers()  # what engines of a killed job left in /dev/shm and the temp folder
         # A short path: a Unix socket's path is limited to 107 bytes.
-        temp_dir = Path(tempfile.mkdtemp(prefix="misa-rl-engines-"))
+        temp_dir = Path(tempfile.mkdtemp(prefix=POOL_PREFIX))
+        mark_owner(temp_dir)
         for i in range(int(ecfg.num_engines)):
             port = free_port(ecfg.host)
             kv_port = free_port(ecfg.host) if ecfg.kv_events else None

@@ -9,8 +9,10 @@ Examples::
 
 The command line goes through ``common.config.hydra_entry`` like every entry point: a
 mistake ends with one ``error:`` line saying what was wrong and what is valid, no
-traceback; exit code 2 for an unknown key, ``router=`` choice or policy option, 1 for a
-bad value (a malformed engine URL, a port out of range, an option the policy rejects).
+traceback, exit code 2: an unknown key, ``router=`` choice or policy option, a bad value
+(a malformed engine URL, a port out of range, an option the policy rejects), an address
+that cannot be served on (a port in use: refused before any engine is contacted).
+Ctrl-C exits 130, SIGTERM 143.
 """
 
 from __future__ import annotations

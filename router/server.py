@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -271,17 +272,33 @@ class RouterService:
         return JsonErrorServer(handle, request_factory=make_request, handler_cancellation=True, access_log=None)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Start the background tasks and serve on ``host:port`` (0 = any free port); returns the base URL."""
-        await self._on_startup()
-        self._runner = web.ServerRunner(self.make_server())
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        """Bind ``host:port`` (0 = any free port), start the background tasks, then serve;
+        returns the base URL.
+
+        The socket is bound first, so an address in use fails before any engine is
+        scraped or logged about; connections that arrive before serving starts wait in
+        the socket's backlog.
+
+        Raises:
+            OSError: the address cannot be bound (in use, not an address of this machine).
+        """
+        sock = None
         try:
-            await site.start()
+            family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.create_server(address, family=family)  # SO_REUSEADDR on POSIX, as aiohttp's
+            await self._on_startup()
+            self._runner = web.ServerRunner(self.make_server())
+            await self._runner.setup()
+            await web.SockSite(self._runner, sock).start()
         except BaseException:
-            await self.stop()
+            if sock is not None:
+                sock.close()
+            if self._runner is not None:
+                await self.stop()
+            else:  # the tasks and clients _on_startup may have started
+                await self._on_cleanup()
             raise
-        bound = site._server.sockets[0].getsockname()[1]  # the port the OS picked
+        bound = sock.getsockname()[1]  # the port the OS picked
         self.url = f"http://{host}:{bound}"
         return self.url
 

@@ -25,7 +25,18 @@ def test_summary_means_cover_iterations_only_and_say_how_many():
     assert s["tv_distance"] == 0.1 / 3  # the last one
     table = summary_table(_history())
     assert table.title.endswith("(3 iterations)")
-    assert [c.header for c in table.columns] == ["figure", "mean over iterations", "iterations"]
+    assert [c.header for c in table.columns] == ["figure", "over the run", "iterations"]
+
+
+def test_run_rates_weigh_iterations_by_their_length():
+    # a 58 s iteration at 30 samples/min, then a 2 s one that completed nothing (its step
+    # trained groups the first collected): the run delivered 29 samples in 60 s
+    its = [{"iteration": 1, "iteration_s": 58.0, "samples_per_min": 30.0, "decode_tok_s": 100.0},
+           {"iteration": 2, "iteration_s": 2.0, "samples_per_min": 0.0, "decode_tok_s": 0.0}]
+    s = run_summary(its)
+    assert abs(s["samples_per_min"] - 29.0) < 1e-9  # not (30 + 0) / 2
+    assert abs(s["decode_tok_s"] - 100.0 * 58 / 60) < 1e-9
+    assert s["iteration_s"] == 30.0  # plain mean
 
 
 def test_plots_include_the_learning_curve_from_step_0(tmp_path):
@@ -70,7 +81,7 @@ def test_summary_table_text_names_the_iteration_count_of_each_mean():
     console = Console(width=120, record=True)
     console.print(summary_table(_history()))
     text = console.export_text()
-    assert "(3 iterations)" in text and "mean over iterations" in text
+    assert "(3 iterations)" in text and "over the run" in text
 
     def last_cell(label):
         line = next(line for line in text.splitlines() if label in line)

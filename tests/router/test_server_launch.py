@@ -96,6 +96,22 @@ def test_config_mistake_gives_one_line_and_no_traceback(override, code, expected
     assert run.stderr.startswith("error: ") and run.stderr.count("\n") == 1
 
 
+def test_a_port_in_use_is_one_error_line_before_any_engine_is_scraped():
+    """The socket is bound before the first scrape: no line about the (absent) engine."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "router", "router=round-robin", f"server.port={port}",
+                              "engines.urls=[http://127.0.0.1:1]"], capture_output=True, text=True,
+                             cwd=REPO_ROOT, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith(f"error: cannot serve on 127.0.0.1:{port}") and run.stderr.count("\n") == 1
+    assert "address already in use" in run.stderr and "Traceback" not in run.stderr + run.stdout
+
+
 def test_cfg_job_prints_resolved_config():
     run = subprocess.run([sys.executable, "-m", "router", "router=round-robin", "--cfg", "job"], capture_output=True,
                          text=True, cwd=REPO_ROOT, timeout=60)

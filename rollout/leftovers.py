@@ -1,0 +1,143 @@
+"""What killed engines leave behind, removed when the next engine pool starts.
+
+A job that stops normally ends its engines and removes what they made. One killed with
+SIGKILL (``kill -9``, the out-of-memory killer) cannot: its group guard
+(``common.process``) still ends the engines, but vLLM's shared-memory ring buffers stay in
+``/dev/shm`` (``psm_*``, 160-250 MB each on CPU, four for a 2-engine job, held in RAM
+until the next reboot) with multiprocessing's named semaphores (``sem.mp-*``), and the
+pool's temporary folder (``misa-rl-engines-*``, ``rollout.engines.private_temp_env``)
+stays in the system temp folder.
+
+``sweep_leftovers`` removes them before a pool launches engines, by rules that never touch
+what a living process uses:
+
+- a shared-memory file is removed only if this user owns it, it was last modified more
+  than ``MIN_AGE_S`` ago (a segment being created is never caught between its creation and
+  its first mapping) and no process of the machine has it mapped or open
+  (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``); a segment nobody maps can no longer be
+  reached by anyone but a process that would attach by name later, which vLLM's never do;
+- a pool temp folder is removed only if the process that made it (``OWNER_FILE``: its pid
+  and start time, so a reused pid does not count) is gone; a folder without that file is
+  left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+SHM_PATTERNS = ("psm_*", "sem.mp-*")
+MIN_AGE_S = 60.0
+POOL_PREFIX = "misa-rl-engines-"
+OWNER_FILE = "owner"
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What ``sweep_leftovers`` removed: shared-memory files and their bytes, pool folders."""
+
+    shm_files: int = 0
+    shm_bytes: int = 0
+    pool_folders: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.shm_files or self.pool_folders)
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot), or None
+    when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # the fields after "(comm)" start at field 3
+
+
+def mark_owner(folder: Path) -> None:
+    """Write this process's pid and start time into ``folder/OWNER_FILE``."""
+    (Path(folder) / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+
+
+def _owner_alive(folder: Path) -> bool:
+    try:
+        pid, start = (folder / OWNER_FILE).read_text().split()
+        return _start_time(int(pid)) == start
+    except FileNotFoundError:
+        return True  # not ours to judge: left alone
+    except (OSError, ValueError):
+        return True
+
+
+def files_in_use(under: Path) -> set[str]:
+    """Paths below ``under`` that some process has mapped or open (``/proc/<pid>/maps`` and
+    ``/proc/<pid>/fd``; the processes this user may not read are skipped: they cannot open
+    this user's ``0600`` segments either)."""
+    prefix = str(under).rstrip("/") + "/"
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[5:]
+                if path and path[0].startswith(prefix):
+                    used.add(path[0].removesuffix(" (deleted)"))
+            for fd in (proc / "fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith(prefix):
+                    used.add(target)
+        except OSError:  # gone meanwhile, or not readable
+            continue
+    return used
+
+
+def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
+                    min_age_s: float = MIN_AGE_S) -> Swept:
+    """Remove the shared-memory files and pool temp folders killed jobs left (module
+    docstring: the rules); one log line when anything was removed.
+
+    Args:
+        shm_dir: the shared-memory folder (``/dev/shm``).
+        temp_dir: where pool temp folders are made (None: the system temp folder).
+        min_age_s: a shared-memory file modified more recently is kept, seconds.
+
+    Returns:
+        what was removed. A file or folder that cannot be removed is skipped, never raised.
+    """
+    files, size, folders = 0, 0, 0
+    if shm_dir.is_dir():
+        candidates = [p for pattern in SHM_PATTERNS for p in shm_dir.glob(pattern)]
+        if candidates:
+            used = files_in_use(shm_dir)
+            now = time.time()
+            for p in candidates:
+                try:
+                    st = p.lstat()
+                    if (st.st_uid != os.getuid() or not p.is_file() or p.is_symlink()
+                            or now - st.st_mtime < min_age_s or str(p) in used):
+                        continue
+                    p.unlink()
+                except OSError:
+                    continue
+                files, size = files + 1, size + st.st_size
+    for folder in Path(temp_dir or tempfile.gettempdir()).glob(POOL_PREFIX + "*"):
+        if folder.is_dir() and not folder.is_symlink() and not _owner_alive(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            folders += 1
+    swept = Swept(files, size, folders)
+    if swept:
+        log.info("removed what killed runs left: %d shared-memory file(s) in %s (%.2f GB), "
+                 "%d engine temp folder(s)", files, shm_dir, size / 1e9, folders)
+    return swept
