@@ -8,11 +8,14 @@ seed, one after the other, each in ``<out>/seed<s>/``; extra Hydra overrides aft
 go to every run. Then reads each run's ``metrics.jsonl`` and prints, per seed and as mean
 +- standard deviation over seeds: the metric at step 0 (the trainer's baseline evaluation)
 and at the last evaluated step, the gain in points, the ratio end / step 0, the rlvr
-training reward of the first and last iteration, the rlvr units that entered a gradient
+reward of all rollouts (``rollout_reward_by_class``, filtered groups included: the
+policy's reward on what it generated) over the first and the second half of the
+iterations, the rlvr units that entered a gradient
 over the run and the gain per 100 of them (learning per trained sample, which a loaded
 machine does not change, unlike the wall time), and the run's wall time; before that, one
-table per run: the metric at each evaluated step, and per iteration the rlvr reward, the
-rlvr units and informative groups trained, all units trained and the update time. ``--runs`` reads
+table per run: the metric at each evaluated step, and per iteration the rlvr reward of
+all rollouts and of the trained groups, the rlvr units and informative groups trained,
+all units trained and the update time. ``--runs`` reads
 finished run folders instead of training (no engine needed).
 """
 
@@ -33,7 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def curve(run_dir: Path, metric: str) -> dict:
-    """Step-0 and last value of ``metric`` and the first/last rlvr reward of one run folder.
+    """Step-0 and last value of ``metric``, the per-iteration rlvr figures and the mean rlvr
+    reward of all rollouts over the first and second half of the iterations, of one run folder.
 
     Raises:
         SystemExit: the folder has no metrics.jsonl or no evaluation line with ``metric``.
@@ -46,9 +50,9 @@ def curve(run_dir: Path, metric: str) -> dict:
     if not evals or evals[0][0] != 0:
         raise SystemExit(f"{run_dir}: no step-0 value of {metric}; the run needs "
                          "trainer.eval_every > 0")
-    rlvr = [h["reward_by_class"]["rlvr"] for h in lines if "rlvr" in (h.get("reward_by_class") or {})]
     steps = [{"iteration": h["iteration"], "eval": h.get(metric),
               "rlvr_reward": (h.get("reward_by_class") or {}).get("rlvr"),
+              "rlvr_rollout_reward": (h.get("rollout_reward_by_class") or {}).get("rlvr"),
               "rlvr_units": (h.get("trained_units_by_class") or {}).get("rlvr", 0)
               if "trained_units_by_class" in h else None,
               "rlvr_groups": (h.get("trained_groups_by_class") or {}).get("rlvr", 0)
@@ -56,10 +60,13 @@ def curve(run_dir: Path, metric: str) -> dict:
               "trained_units": h.get("trained_units"), "update_s": h.get("update_s")}
              for h in lines if not h.get("baseline")]
     counted = [s["rlvr_units"] for s in steps if s["rlvr_units"] is not None]
+    rollout = [s["rlvr_rollout_reward"] for s in steps if s["rlvr_rollout_reward"] is not None]
+    half = len(rollout) // 2
     return {"start": evals[0][1], "end": evals[-1][1], "end_step": evals[-1][0],
-            "points": evals, "rlvr_first": rlvr[0] if rlvr else None,
-            "rlvr_last": rlvr[-1] if rlvr else None, "steps": steps,
-            "rlvr_trained": sum(counted) if counted else None}
+            "points": evals, "steps": steps,
+            "rlvr_trained": sum(counted) if counted else None,
+            "rollout_halves": (statistics.mean(rollout[:half]), statistics.mean(rollout[half:]))
+            if half else None}
 
 
 def _fmt(x, spec: str) -> str:
@@ -71,11 +78,12 @@ def step_table(name: str, c: dict) -> Table:
     units and groups that entered the gradient (informative ones), all trained units and
     the update time (runs written before those metrics existed show blanks)."""
     t = Table(title=f"{name}: per iteration (eval at step 0: {c['start']:.3f})")
-    for col in ("iteration", "eval", "rlvr reward", "rlvr units trained",
-                "rlvr groups trained", "units trained", "update s"):
+    for col in ("iteration", "eval", "rlvr reward, all rollouts", "rlvr reward, trained groups",
+                "rlvr units trained", "rlvr groups trained", "units trained", "update s"):
         t.add_column(col, justify="right")
     for s in c["steps"]:
-        t.add_row(str(s["iteration"]), _fmt(s["eval"], ".3f"), _fmt(s["rlvr_reward"], ".3f"),
+        t.add_row(str(s["iteration"]), _fmt(s["eval"], ".3f"), _fmt(s["rlvr_rollout_reward"], ".3f"),
+                  _fmt(s["rlvr_reward"], ".3f"),
                   _fmt(s["rlvr_units"], "d"), _fmt(s["rlvr_groups"], "d"),
                   _fmt(s["trained_units"], "d"), _fmt(s["update_s"], ".0f"))
     return t
@@ -115,7 +123,8 @@ def main() -> None:
             runs.append((f"seed {s}", run_dir, time.monotonic() - t0))
     table = Table(title=f"{args.metric}: step 0 -> last evaluated step")
     for col in ("run", "step 0", "end (step)", "gain (points)", "ratio to step 0",
-                "rlvr reward first -> last", "rlvr units trained", "points per 100 rlvr units",
+                "rlvr reward, all rollouts: 1st half -> 2nd half", "rlvr units trained",
+                "points per 100 rlvr units",
                 "wall (min)"):
         table.add_column(col, justify="right")
     starts, ends, gains, ratios = [], [], [], []
@@ -126,8 +135,8 @@ def main() -> None:
         ends.append(c["end"])
         gains.append(100 * (c["end"] - c["start"]))
         ratios.append(ratio)
-        rl = (f"{c['rlvr_first']:.3f} -> {c['rlvr_last']:.3f}" if c["rlvr_first"] is not None
-              else "n/a")
+        rl = (f"{c['rollout_halves'][0]:.3f} -> {c['rollout_halves'][1]:.3f}"
+              if c["rollout_halves"] else "n/a")
         n = c["rlvr_trained"]
         console.print(step_table(name, c))
         table.add_row(name, f"{c['start']:.3f}", f"{c['end']:.3f} ({c['end_step']})",

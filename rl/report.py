@@ -143,7 +143,7 @@ def run_figures(history: Sequence[Mapping], rho: Mapping[str, float]) -> dict:
     """The run's figures by file name, against the iteration (whole-number ticks), each
     axis with a title: ``iteration_time.png`` (each iteration's time split into generation
     wait, update, weight sync, evaluation and the rest), ``mixture.png`` (consumed mixture
-    against the target), ``learning.png`` (training reward per class, and each eval pass@k
+    against the target), ``learning.png`` (reward per class, of all rollouts and of the trained groups, and each eval pass@k
     with step 0 when the history has it). Empty for a history without iterations; the
     caller closes the figures (``plot_run`` saves and closes them).
     """
@@ -193,12 +193,13 @@ def run_figures(history: Sequence[Mapping], rho: Mapping[str, float]) -> dict:
 
     fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, b in enumerate(rho):
-        pts = [(h["iteration"], h["reward_by_class"][b]) for h in its_lines
-               if b in (h.get("reward_by_class") or {})]
-        if pts:
-            ax_r.plot(*zip(*pts), color=f"C{i}", marker="o", label=b)
+        for key, style, label in (("rollout_reward_by_class", "-", f"{b}, all rollouts"),
+                                  ("reward_by_class", ":", f"{b}, trained groups")):
+            pts = [(h["iteration"], h[key][b]) for h in its_lines if b in (h.get(key) or {})]
+            if pts:
+                ax_r.plot(*zip(*pts), color=f"C{i}", linestyle=style, marker="o", label=label)
     ax_r.legend(fontsize=7)
-    finish(ax_r, "Training reward per class", "mean reward")
+    finish(ax_r, "Reward per class", "mean reward")
     keys = sorted({k for h in history for k in h if k.startswith("eval/")
                    and ("/pass@" in k or "/pass^" in k)})
     for i, k in enumerate(keys):

@@ -185,6 +185,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
             flat[f"trained_mixture/{b}"] = v
         for b, v in (m.get("reward_by_class") or {}).items():
             flat[f"reward/{b}"] = v
+        for b, v in (m.get("rollout_reward_by_class") or {}).items():
+            flat[f"rollout_reward/{b}"] = v
         run.log(flat, step=int(m["iteration"]))
         if "iteration_s" not in m:  # the step-0 evaluation line
             return

@@ -26,7 +26,10 @@ One ``Trainer.run`` does, until ``trainer.iterations`` optimizer steps are taken
 5. **Log**: one line per iteration in ``metrics.jsonl`` and wandb (offline unless the user
    logs in): iteration time and its parts, samples/min, requests/min, the engines' prefix
    hit rate and prefill/decode tok/s, consumed mixture and its TV distance to rho,
-   backlog per class, router caps, reward per class, loss, KL, staleness, the filtered
+   backlog per class, router caps, reward per class (``reward_by_class``: of the groups
+   trained on, which dynamic sampling keeps at mixed rewards; ``rollout_reward_by_class``:
+   of every unit completed in the iteration, filtered ones included, the policy's reward
+   on what it generated), loss, KL, staleness, the filtered
    share per class, the train/inference mismatch (``mismatch/*``). Two mixtures: the
    *consumed* one (every completed unit, filtered ones included) is the headline
    ``tv_distance``, because it is the contract between trainer and routing layer (MISA-T
@@ -246,6 +249,15 @@ class EngineCounters:
         return {"prefix_hit_rate": (self.prefix_hits - before.prefix_hits) / q if q > 0 else None,
                 "prefill_tok_s": (self.prompt_tokens - before.prompt_tokens) / dt,
                 "decode_tok_s": (self.generation_tokens - before.generation_tokens) / dt}
+
+
+def _mean_reward_by_class(results: list[UnitResult]) -> dict[str, float]:
+    """Mean reward per workload class over ``results`` (completed units)."""
+    by_class: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        if r.reward is not None:
+            by_class[r.unit.workload_class].append(float(r.reward))
+    return {b: sum(v) / len(v) for b, v in sorted(by_class.items())}
 
 
 class Trainer:
@@ -541,6 +553,7 @@ class Trainer:
             **{f"filtered_share/{b}": it.filtered_by_class[b] / n
                for b, n in sorted(it.groups_by_class.items())},
             "reward_by_class": upd["reward_by_class"],
+            "rollout_reward_by_class": _mean_reward_by_class(finished),
             "trained_units": upd["trained_units"],
             "trained_units_by_class": upd["trained_units_by_class"],
             "trained_groups_by_class": upd["trained_groups_by_class"],

@@ -10,16 +10,18 @@ from common.config import compose
 def test_default_recipe_resolves_to_the_learning_settings():
     cfg = compose("train", ["run_dir=runs/test"])
     t = OmegaConf.to_container(cfg.trainer, resolve=True)
-    assert t["learner"]["lr"] == 1e-5
+    assert t["learner"]["lr"] == 5e-5
     assert t["iterations"] == 8 and t["eval_every"] == 4
     assert t["sampling"] == {"temperature": 0.8, "top_p": 1.0}
-    assert t["max_tokens"]["rlvr"] == 256
+    assert t["max_tokens"] == {"rlvr": 160, "rlhf": 64}
+    assert t["group_size"] == {"agent": 4, "rlvr": 8, "rlhf": 4} and t["groups_per_step"] == 6
+    assert (t["agent_limits"]["max_turns"], t["agent_limits"]["max_tokens_per_turn"]) == (2, 64)
     rlvr = t["domains"]["rlvr"]
     assert rlvr["arithmetic"] == {"weight": 1.0, "levels": [1, 2, 3]}
     assert rlvr["gsm8k"]["weight"] == 0.0 and rlvr["code"]["weight"] == 0.0
-    assert t["eval"]["levels"] == [1, 2, 3] and t["eval"]["problems"] == 24
+    assert t["eval"]["levels"] == [1, 2, 3] and t["eval"]["problems"] == 48
     assert (t["eval"]["temperature"], t["eval"]["top_p"], t["eval"]["max_tokens"]) == (0.8, 0.95, 256)
-    assert t["dynamic_sampling"] == {"enabled": True, "max_release_factor": 2}
+    assert t["dynamic_sampling"] == {"enabled": True, "max_release_factor": 3}
     assert t["loss"]["tis_cap"] is None
 
 

@@ -100,6 +100,7 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
         h["trained_units"] = units + 4
         h["trained_units_by_class"] = {"rlhf": 4, **({"rlvr": units} if units else {})}
         h["trained_groups_by_class"] = {"rlhf": 1, **({"rlvr": groups} if groups else {})}
+        h["rollout_reward_by_class"] = {"rlvr": 0.1 * h["iteration"], "agent": 0.0}
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in lines))
     c = curve(tmp_path, "eval/arithmetic/pass@1")
     assert c["points"] == [(0, 0.2), (3, 0.35)] and (c["start"], c["end"], c["end_step"]) == (0.2, 0.35, 3)
@@ -107,6 +108,10 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
     assert [s["rlvr_groups"] for s in c["steps"]] == [1, 0, 2]
     assert [s["eval"] for s in c["steps"]] == [None, None, 0.35]
     assert c["rlvr_trained"] == 24
+    # the reward of all rollouts: iteration 1 against iterations 2 and 3
+    assert [s["rlvr_rollout_reward"] for s in c["steps"]] == [0.1, 0.2, 0.1 * 3]
+    first, second = c["rollout_halves"]
+    assert abs(first - 0.1) < 1e-9 and abs(second - 0.25) < 1e-9
     assert step_table("seed 0", c).row_count == 3
     # a run written before the per-class counts were logged: blanks, not zeros
     old = [{k: v for k, v in h.items() if not k.startswith("trained_")} for h in lines]

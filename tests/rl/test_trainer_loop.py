@@ -439,6 +439,11 @@ def test_equal_reward_groups_are_replaced_so_no_step_is_empty(tmp_path):
     assert s["completed"]["agent"] > 0 and t.trained_units["agent"] == 0
     assert history[-1]["trained_mixture"]["agent"] == 0.0
     assert history[-1]["trained_tv"] > history[-1]["tv_distance"]
+    # the reward of all rollouts counts the filtered groups; the trained groups' does not
+    assert all(h["rollout_reward_by_class"].get("agent") == 0.0 for h in history
+               if "agent" in h["rollout_reward_by_class"])
+    assert any("agent" in h["rollout_reward_by_class"] for h in history)
+    assert all("agent" not in h["reward_by_class"] for h in history)
     assert books_balance(t.mixture_ledger)
 
 
