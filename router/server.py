@@ -314,7 +314,7 @@ class RouterService:
         await self.scraper.scrape_once()
         if self.block_size is None:
             log.warning("engine block size unknown (no cache_config_info yet): block hashes stay empty until it is")
-        self._tasks = [asyncio.create_task(self.scraper.run(), name="scrape")]
+        self._tasks = [asyncio.create_task(self.scraper.run(scraped_just_now=True), name="scrape")]
         if self.kv_events.endpoints:
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         if self.config.session_forget_idle_s > 0:

@@ -177,9 +177,13 @@ class MetricsScraper:
         self._log.clear(instance, "scrape")
         self.on_sample(instance, metrics, self.clock())
 
-    async def run(self) -> None:
-        """Scrape forever every ``interval_s`` (cancel the task to stop)."""
+    async def run(self, scraped_just_now: bool = False) -> None:
+        """Scrape forever every ``interval_s`` (cancel the task to stop); with
+        ``scraped_just_now`` (the caller has just scraped once) the first scrape comes one
+        interval later, not at once."""
         try:
+            if scraped_just_now:
+                await asyncio.sleep(self.interval_s)
             while True:
                 started = self.clock()
                 await self.scrape_once()

@@ -69,9 +69,9 @@ def test_side_by_side_settings_come_from_the_config():
     rows = {name: (train, ev) for name, train, ev in rlvr_settings(t)}
     assert rows["temperature"] == ("0.8", "0.8")
     assert rows["top_p"] == ("1", "0.95")  # by design: training samples the whole distribution
-    assert rows["max tokens"] == ("256", "256")
+    assert rows["max tokens"] == ("160", "256")  # the evaluation is not cut to the training limit
     assert rows["prompts"][0] == "arithmetic levels 1, 2, 3 (training split)"  # gsm8k, code: weight 0
-    assert rows["prompts"][1].startswith("arithmetic levels 1, 2, 3 (held-out split), 24 problems")
+    assert rows["prompts"][1].startswith("arithmetic levels 1, 2, 3 (held-out split), 48 problems")
     hot = compose("train", ["run_dir=runs/test", "trainer.sampling.temperature=1.0"]).trainer
     assert dict((n, tr) for n, tr, _ in rlvr_settings(hot))["temperature"] == "1"
 

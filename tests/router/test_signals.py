@@ -57,6 +57,28 @@ async def test_scraper_reports_good_engines_and_skips_dead_ones():
     assert [(i, m.block_size) for i, m in samples] == [(engine.url, 32)]
 
 
+@pytest.mark.parametrize("scraped_just_now, expected", [(False, 1), (True, 0)])
+async def test_scrape_loop_waits_an_interval_first_when_the_caller_just_scraped(scraped_just_now, expected):
+    # the router scrapes once before serving; its loop must not scrape again at once (that
+    # second scrape raced with what happened to an engine right after start)
+    engine = FakeEngine(block_size=32)
+    await engine.start()
+    samples = []
+    scraper = MetricsScraper([engine.url], lambda i, m, now: samples.append(i), interval_s=3600.0,
+                             timeout_s=5.0)
+    task = asyncio.create_task(scraper.run(scraped_just_now=scraped_just_now))
+    try:
+        for _ in range(500):  # up to 5 s for the immediate scrape, under load
+            if samples:
+                break
+            await asyncio.sleep(0.01)
+        assert len(samples) == expected
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.stop()
+
+
 # --------------------------------------------------------------------------- KV events
 # Frames shaped like vLLM's ZmqEventPublisher: (topic, seq as 8 bytes big-endian,
 # msgpack [ts, [event maps tagged "type"], dp_rank]); vllm/distributed/kv_events.py.
