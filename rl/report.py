@@ -56,8 +56,8 @@ def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
             out[key] = None
         elif key == "tv_distance":
             out[key] = have[-1][key]
-        elif key in TIME_WEIGHTED and sum(h["iteration_s"] for h in have) > 0:
-            out[key] = sum(h[key] * h["iteration_s"] for h in have) / sum(h["iteration_s"] for h in have)
+        elif key in TIME_WEIGHTED and (span := sum(h["iteration_s"] for h in have)) > 0:
+            out[key] = sum(h[key] * h["iteration_s"] for h in have) / span
         else:
             out[key] = mean(h[key] for h in have)
         counts[key] = len(have)

@@ -460,7 +460,7 @@ class Trainer:
 
     async def _update(self, batch: list[list[UnitResult]], it: IterationStats) -> dict:
         """Advantages, one learner step, weight sync; returns the step's figures."""
-        samples, used, rewards_by_class = [], [], defaultdict(list)
+        samples, used = [], []
         groups_by_class: Counter = Counter()
         t0 = time.monotonic()
         self.outstanding_groups -= len(batch)
@@ -470,8 +470,6 @@ class Trainer:
                 if not r.ok:
                     self.mixture_ledger.record_dropped(r.unit.unit_id)
                     it.record_failed(r)
-            for r in ok:
-                rewards_by_class[r.unit.workload_class].append(r.reward)
             if len(ok) < 2:
                 for r in ok:  # one unit carries no group signal: counted as consumed
                     self.mixture_ledger.record_completed(r.unit.unit_id)
@@ -511,7 +509,7 @@ class Trainer:
                 "trained_units_by_class": dict(Counter(r.unit.workload_class for r in used)),
                 "trained_groups_by_class": dict(groups_by_class),
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
-                "reward_by_class": {b: sum(v) / len(v) for b, v in rewards_by_class.items()}}
+                "reward_by_class": _mean_reward_by_class([r for g in batch for r in g if r.ok])}
 
     async def _finish_iteration(self, upd: dict, it: IterationStats,
                                 before: EngineCounters) -> EngineCounters:

@@ -1,12 +1,12 @@
-"""What killed engines leave behind, removed when the next engine pool starts.
+"""What stopped engines leave behind, removed when the next engine pool starts.
 
-A job that stops normally ends its engines and removes what they made. One killed with
-SIGKILL (``kill -9``, the out-of-memory killer) cannot: its group guard
-(``common.process``) still ends the engines, but vLLM's shared-memory ring buffers stay in
-``/dev/shm`` (``psm_*``, 160-250 MB each on CPU, four for a 2-engine job, held in RAM
-until the next reboot) with multiprocessing's named semaphores (``sem.mp-*``), and the
-pool's temporary folder (``misa-rl-engines-*``, ``rollout.engines.private_temp_env``)
-stays in the system temp folder.
+vLLM's shared-memory ring buffers (``/dev/shm/psm_*``, 160-250 MB each on CPU, four for a
+2-engine job) and multiprocessing's named semaphores (``sem.mp-*``) are not always removed
+when an engine stops: a job killed with SIGKILL (``kill -9``, the out-of-memory killer)
+leaves all of them (its group guard, ``common.process``, still ends the engines), and even
+an engine stopped by its job left 2 of its 4 segments on CPU. They stay in RAM until the
+next reboot. A killed job also leaves the pool's temporary folder (``misa-rl-engines-*``,
+``rollout.engines.private_temp_env``) in the system temp folder.
 
 ``sweep_leftovers`` removes them before a pool launches engines, by rules that never touch
 what a living process uses:
@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -56,10 +57,10 @@ def _start_time(pid: int) -> str | None:
     """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot), or None
     when the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]  # the fields after "(comm)" start at field 3
+    return text.rpartition(")")[2].split()[19]  # the fields after "(comm)" start at field 3
 
 
 def mark_owner(folder: Path) -> None:
@@ -71,9 +72,7 @@ def _owner_alive(folder: Path) -> bool:
     try:
         pid, start = (folder / OWNER_FILE).read_text().split()
         return _start_time(int(pid)) == start
-    except FileNotFoundError:
-        return True  # not ours to judge: left alone
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # no owner file, or one we cannot read: not ours to judge
         return True
 
 
@@ -124,8 +123,8 @@ def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
             now = time.time()
             for p in candidates:
                 try:
-                    st = p.lstat()
-                    if (st.st_uid != os.getuid() or not p.is_file() or p.is_symlink()
+                    st = p.lstat()  # a link is no regular file here: never followed
+                    if (st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode)
                             or now - st.st_mtime < min_age_s or str(p) in used):
                         continue
                     p.unlink()
