@@ -429,7 +429,15 @@ def loss_config(tcfg: Mapping[str, Any]) -> GRPOLossConfig:
 
 
 def async_limits(tcfg: Mapping[str, Any]) -> AsyncLimits:
-    """``AsyncLimits`` from ``trainer.max_in_flight`` / ``trainer.max_staleness``."""
-    return AsyncLimits(int(tcfg["max_in_flight"]), int(tcfg["max_staleness"]))
+    """``AsyncLimits`` from ``trainer.max_in_flight`` / ``trainer.max_staleness``.
+
+    Raises:
+        GRPOError: a value that is not a whole number, naming its key.
+    """
+    for key in ("max_in_flight", "max_staleness"):
+        v = tcfg[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise GRPOError(f"trainer.{key}={v!r}: give a whole number")
+    return AsyncLimits(tcfg["max_in_flight"], tcfg["max_staleness"])
 
 

@@ -24,6 +24,8 @@ from common.config import ConfigError, compose
     ("trainer.eval.temperature=-0.5", "trainer.eval.temperature"),
     ("trainer.eval.max_tokens=0", "trainer.eval.max_tokens"),
     ("trainer.eval.problems=0", "trainer.eval.problems"),
+    ("trainer.max_in_flight=abc", "trainer.max_in_flight='abc': give a whole number"),
+    ("trainer.max_staleness=1.5", "trainer.max_staleness=1.5: give a whole number"),
 ])
 def test_a_bad_numeric_trainer_value_is_refused_before_start(override, key):
     from rl.train import validate_trainer_cfg
