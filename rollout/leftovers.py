@@ -14,8 +14,9 @@ what a living process uses:
 - a shared-memory file is removed only if this user owns it, it was last modified more
   than ``MIN_AGE_S`` ago (a segment being created is never caught between its creation and
   its first mapping) and no process of the machine has it mapped or open
-  (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``); a segment nobody maps can no longer be
-  reached by anyone but a process that would attach by name later, which vLLM's never do;
+  (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``, compared by inode: ``files_in_use``); a
+  segment nobody maps can no longer be reached by anyone but a process that would attach by
+  name later, which vLLM's never do;
 - a pool temp folder is removed only if the process that made it (``OWNER_FILE``: its pid
   and start time, so a reused pid does not count) is gone; a folder without that file is
   left alone.
@@ -76,30 +77,39 @@ def _owner_alive(folder: Path) -> bool:
         return True
 
 
-def files_in_use(under: Path) -> set[str]:
-    """Paths below ``under`` that some process has mapped or open (``/proc/<pid>/maps`` and
-    ``/proc/<pid>/fd``; the processes this user may not read are skipped: they cannot open
-    this user's ``0600`` segments either)."""
+def files_in_use(under: Path) -> set[tuple[int, int]]:
+    """The files on ``under``'s file system that some process has mapped or open, as
+    ``(st_dev, st_ino)`` pairs (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``; the processes
+    this user may not read are skipped: they cannot open this user's ``0600`` segments
+    either).
+
+    By inode, not by name: glibc's ``sem_open`` maps a temporary file, links it to the
+    semaphore's name and unlinks the temporary one, so the maps line of a live named
+    semaphore (multiprocessing's ``sem.mp-*`` under the spawn start method) names a deleted
+    file, never ``sem.mp-*``.
+    """
+    device = under.stat().st_dev
     prefix = str(under).rstrip("/") + "/"
-    used: set[str] = set()
+    used: set[tuple[int, int]] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             for line in (proc / "maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[5:]
-                if path and path[0].startswith(prefix):
-                    used.add(path[0].removesuffix(" (deleted)"))
+                fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+                if len(fields) == 6 and fields[5].startswith(prefix):
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    used.add((os.makedev(major, minor), int(fields[4])))
             for fd in (proc / "fd").iterdir():
                 try:
-                    target = os.readlink(fd)
+                    if os.readlink(fd).startswith(prefix):  # stat only what lies under it
+                        st = fd.stat()
+                        used.add((st.st_dev, st.st_ino))
                 except OSError:
                     continue
-                if target.startswith(prefix):
-                    used.add(target)
-        except OSError:  # gone meanwhile, or not readable
+        except (OSError, ValueError):  # gone meanwhile, not readable, or a line we cannot read
             continue
-    return used
+    return {key for key in used if key[0] == device}
 
 
 def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
@@ -125,7 +135,8 @@ def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
                 try:
                     st = p.lstat()  # a link is no regular file here: never followed
                     if (st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode)
-                            or now - st.st_mtime < min_age_s or str(p) in used):
+                            or now - st.st_mtime < min_age_s
+                            or (st.st_dev, st.st_ino) in used):
                         continue
                     p.unlink()
                 except OSError:

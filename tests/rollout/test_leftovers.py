@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from rollout.leftovers import OWNER_FILE, Swept, mark_owner, sweep_leftovers
+from rollout.leftovers import (OWNER_FILE, SHM_DIR, Swept, files_in_use, mark_owner,
+                               sweep_leftovers)
 
 # A child that holds one file open and maps another (then closes that one's descriptor),
 # as a running engine holds its ring buffers; it prints "ready" once both are held.
@@ -21,6 +22,24 @@ held = open(sys.argv[1], "rb")
 fd = os.open(sys.argv[2], os.O_RDWR)
 mapped = mmap.mmap(fd, 4096)
 os.close(fd)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+# A child that makes a segment as glibc's sem_open does for a named semaphore: it maps a
+# file under a temporary name, links it to the final name and unlinks the temporary one,
+# so its maps line names a deleted file that is not the segment's name.
+LINKED_HOLDER = """
+import mmap, os, sys, time
+final, tmp = sys.argv[1], sys.argv[1] + ".tmpXYZ"
+fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600)
+os.write(fd, bytes(32))
+mapped = mmap.mmap(fd, 32)
+os.close(fd)
+os.link(tmp, final)
+os.unlink(tmp)
+past = time.time() - 3600
+os.utime(final, (past, past))
 print("ready", flush=True)
 time.sleep(60)
 """
@@ -37,8 +56,8 @@ def _old(path, size=4096):
 def holder():
     procs = []
 
-    def hold(open_path, mapped_path):
-        p = subprocess.Popen([sys.executable, "-c", HOLDER, str(open_path), str(mapped_path)],
+    def hold(*paths, script=HOLDER):
+        p = subprocess.Popen([sys.executable, "-c", script, *map(str, paths)],
                              stdout=subprocess.PIPE, text=True)
         procs.append(p)
         assert p.stdout.readline().strip() == "ready"
@@ -65,6 +84,27 @@ def test_stale_segments_go_and_those_in_use_or_new_stay(tmp_path, holder, caplog
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in kept) and (shm / "psm_link").is_symlink() and outside.exists()
     assert "2 shared-memory file(s)" in caplog.text
+
+
+def test_a_named_semaphore_in_use_stays_though_its_maps_line_names_another_file(tmp_path,
+                                                                               holder):
+    # Seen in a run: the sweep removed the live semaphores of the reward pool (spawn
+    # start method), whose next worker then failed in SemLock._rebuild (FileNotFoundError).
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    holder(shm / "sem.mp-live", script=LINKED_HOLDER)
+    dead = _old(shm / "sem.mp-dead", 32)
+    assert sweep_leftovers(shm, temp_dir=tmp_path / "no-pools") == Swept(shm_files=1,
+                                                                         shm_bytes=32)
+    assert (shm / "sem.mp-live").exists() and not dead.exists()
+
+
+def test_a_real_multiprocessing_semaphore_counts_as_in_use():
+    import multiprocessing
+
+    lock = multiprocessing.get_context("spawn").Lock()  # a named semaphore in /dev/shm
+    st = (SHM_DIR / ("sem." + lock._semlock.name.lstrip("/"))).stat()
+    assert (st.st_dev, st.st_ino) in files_in_use(SHM_DIR)
 
 
 def test_a_pool_folder_goes_only_when_the_process_that_made_it_is_gone(tmp_path):
