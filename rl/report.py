@@ -200,8 +200,9 @@ def run_figures(history: Sequence[Mapping], rho: Mapping[str, float]) -> dict:
                 ax_r.plot(*zip(*pts), color=f"C{i}", linestyle=style, marker="o", label=label)
     ax_r.legend(fontsize=7)
     finish(ax_r, "Reward per class", "mean reward")
+    # pass^1 is pass@1 (one sample: all of it correct or any of it): one line, not two
     keys = sorted({k for h in history for k in h if k.startswith("eval/")
-                   and ("/pass@" in k or "/pass^" in k)})
+                   and ("/pass@" in k or "/pass^" in k) and not k.endswith("/pass^1")})
     for i, k in enumerate(keys):
         pts = [(h["iteration"], h[k]) for h in history if h.get(k) is not None]
         ax_e.plot(*zip(*pts), color=f"C{i}", marker="o", label=k.removeprefix("eval/"))

@@ -75,6 +75,25 @@ def test_every_figure_has_titles_whole_iteration_ticks_and_the_time_parts(tmp_pa
             plt.close(fig)
 
 
+def test_the_eval_panel_leaves_out_pass_hat_1_which_is_pass_at_1(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from rl.report import run_figures
+
+    history = _history()
+    for h in history:
+        if "eval/arithmetic/pass@1" in h:
+            h.update({"eval/arithmetic/pass^1": h["eval/arithmetic/pass@1"],
+                      "eval/arithmetic/pass@2": 0.5, "eval/arithmetic/pass^2": 0.1})
+    figs = run_figures(history, RHO)
+    try:
+        labels = figs["learning.png"].axes[1].get_legend_handles_labels()[1]
+        assert labels == ["arithmetic/pass@1", "arithmetic/pass@2", "arithmetic/pass^2"]
+    finally:
+        for fig in figs.values():
+            plt.close(fig)
+
+
 def test_summary_table_text_names_the_iteration_count_of_each_mean():
     from rich.console import Console
 
