@@ -67,9 +67,21 @@ def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
     return out
 
 
+def eval_curves(history: Sequence[Mapping]) -> dict[str, list[tuple[int, float]]]:
+    """Each held-out figure of the run (``eval/<benchmark>/pass@k`` and ``pass^k`` lines,
+    written by ``trainer.eval_every`` from step 0), as ``{"<benchmark>/pass@k": [(iteration,
+    value), ...]}`` in run order, keys sorted. pass^1 is left out: with one sample "all
+    correct" and "any correct" are the same, so it is pass@1."""
+    keys = sorted({k for h in history for k in h if k.startswith("eval/")
+                   and ("/pass@" in k or "/pass^" in k) and not k.endswith("/pass^1")})
+    return {k.removeprefix("eval/"): [(h["iteration"], h[k]) for h in history
+                                      if h.get(k) is not None] for k in keys}
+
+
 def summary_table(history: Sequence[Mapping], title: str = "run summary") -> Table:
     """A rich table of ``run_summary``: each figure with the number of iterations it covers
-    (skipped updates have no sync time, so fewer); also the consumed mixture."""
+    (skipped updates have no sync time, so fewer); each held-out pass@k with its value at
+    every evaluation (``eval_curves``, iteration in brackets); the consumed mixture."""
     s = run_summary(history)
     n = s.get("iterations", 0)
     t = Table(title=f"{title} ({n} iterations)")
@@ -81,6 +93,10 @@ def summary_table(history: Sequence[Mapping], title: str = "run summary") -> Tab
         covered = (s.get("counts") or {}).get(key, 0)
         t.add_row(label, fmt.format(v) if v is not None else "n/a",
                   ("last" if key == "tv_distance" else str(covered)) if covered else "0")
+    for key, pts in eval_curves(history).items():
+        if "/pass@" in key:  # the learning curve in one line: value (iteration) -> ...
+            t.add_row(f"held-out {key}", " -> ".join(f"{v:.3f} ({i})" for i, v in pts),
+                      str(len(pts)))
     mix = s.get("consumed_mixture") or {}
     t.add_row("consumed mixture", " / ".join(f"{b} {v:.1%}" for b, v in mix.items()) or "n/a",
               "last" if mix else "0")
@@ -200,13 +216,10 @@ def run_figures(history: Sequence[Mapping], rho: Mapping[str, float]) -> dict:
                 ax_r.plot(*zip(*pts), color=f"C{i}", linestyle=style, marker="o", label=label)
     ax_r.legend(fontsize=7)
     finish(ax_r, "Reward per class", "mean reward")
-    # pass^1 is pass@1 (one sample: all of it correct or any of it): one line, not two
-    keys = sorted({k for h in history for k in h if k.startswith("eval/")
-                   and ("/pass@" in k or "/pass^" in k) and not k.endswith("/pass^1")})
-    for i, k in enumerate(keys):
-        pts = [(h["iteration"], h[k]) for h in history if h.get(k) is not None]
-        ax_e.plot(*zip(*pts), color=f"C{i}", marker="o", label=k.removeprefix("eval/"))
-    if keys:
+    curves = eval_curves(history)
+    for i, (k, pts) in enumerate(curves.items()):
+        ax_e.plot(*zip(*pts), color=f"C{i}", marker="o", label=k)
+    if curves:
         ax_e.legend(fontsize=7)
     else:
         ax_e.text(0.5, 0.5, "no evaluation (trainer.eval_every=0)", ha="center",

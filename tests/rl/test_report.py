@@ -25,6 +25,8 @@ def test_summary_means_cover_iterations_only_and_say_how_many():
     assert s["tv_distance"] == 0.1 / 3  # the last one
     table = summary_table(_history())
     assert table.title.endswith("(3 iterations)")
+    rows = dict(zip(table.columns[0].cells, table.columns[1].cells))
+    assert rows["held-out arithmetic/pass@1"] == "0.200 (0) -> 0.350 (3)"
     assert [c.header for c in table.columns] == ["figure", "over the run", "iterations"]
 
 
