@@ -495,20 +495,23 @@ class ShardedLearner(Learner):
                                 "gathered_gib": n_bytes / 2**30,
                                 **{f"peak_mem_gib_rank{r}": b / 2**30 for r, b in enumerate(per_rank)}}
 
-    def full_state(self) -> dict[str, dict]:
+    def full_state(self, optimizer: bool = True) -> dict[str, dict]:
         """The whole model and optimizer state on rank 0's CPU, gathered by DCP (not by the
-        sync's buckets): ``{"model": name -> tensor, "optim": the optimizer state dict}``.
+        sync's buckets): ``{"model": name -> tensor, "optim": the optimizer state dict}``
+        (no ``"optim"`` when ``optimizer`` is False: AdamW's state is twice the model's).
         For checking the sync against it on small models; the whole model is on rank 0
         at once."""
-        return self._collective("full_state")
+        return self._collective("full_state", optimizer)
 
-    def _full_state(self) -> dict[str, dict]:
+    def _full_state(self, optimizer: bool) -> dict[str, dict]:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return {"model": get_model_state_dict(self.model, options=opts),
-                "optim": get_optimizer_state_dict(self.model, self.optimizer, options=opts)}
+        out = {"model": get_model_state_dict(self.model, options=opts)}
+        if optimizer:
+            out["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+        return out
 
     def weights_for_sync(self, to_cpu: bool = True) -> StreamedWeights:
         """name -> tensor of every weight an engine loads (``Learner.weights_for_sync``'s

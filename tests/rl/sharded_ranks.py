@@ -1,10 +1,17 @@
 """One learner rank of a test scenario (run by tests/rl/test_sharded_learner.py with the
 launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
-    python tests/rl/sharded_ranks.py train|resume|steps WORKDIR MODEL_DIR
+    python tests/rl/sharded_ranks.py train|step|resume|steps WORKDIR MODEL_DIR
 
 Rank 0 drives a ``ShardedLearner`` and writes its results into WORKDIR; the other ranks
 run ``rl.distributed.worker_loop`` (logs: WORKDIR/rank<r>.log).
+
+``train`` and ``step`` both take one step on WORKDIR/samples.pkl and write its stats
+(stats.json), the weights synced after it (w1/) and DCP's gather of the full model
+(full.pt). ``train`` (the tiny model) also writes the sync before the step (w0/), the
+log-probs and loss before it, the NCCL stream (streamed.pt), the full optimizer state and
+a checkpoint (ckpt/); ``step`` (the packaged 135M model) leaves those out: GBs to gather
+and write there, and a fifth of the run on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -39,20 +46,23 @@ def main() -> int:
     learner = ShardedLearner(group, model_dir, cfg)
     samples = pickle.loads((work / "samples.pkl").read_bytes())
     try:
-        if scenario == "train":
-            learner.save_weights(work / "w0")
-            logp = learner.log_probs(samples)
-            loss = learner.loss(samples)
+        if scenario in ("train", "step"):
+            every = scenario == "train"
+            before = {}
+            if every:
+                learner.save_weights(work / "w0")
+                before = {"log_probs": learner.log_probs(samples), "loss": learner.loss(samples)}
             stats = learner.step(samples)
             learner.save_weights(work / "w1")
-            streamed = learner.weights_for_sync(to_cpu=True)  # the NCCL sync's stream
-            meta = [(n, list(t.shape), str(t.dtype)) for n, t in streamed.items()]
-            torch.save({"meta": meta, "tensors": {n: t.to("cpu") for n, t in streamed.items()}},
-                       work / "streamed.pt")
-            torch.save(learner.full_state(), work / "full.pt")
-            learner.save_checkpoint(work / "ckpt", extra={"sampler": {"num_groups": 3}})
-            (work / "stats.json").write_text(json.dumps({"step": stats, "log_probs": logp,
-                                                         "loss": loss,
+            if every:
+                streamed = learner.weights_for_sync(to_cpu=True)  # the NCCL sync's stream
+                meta = [(n, list(t.shape), str(t.dtype)) for n, t in streamed.items()]
+                torch.save({"meta": meta, "tensors": {n: t.to("cpu") for n, t in streamed.items()}},
+                           work / "streamed.pt")
+            torch.save(learner.full_state(optimizer=every), work / "full.pt")
+            if every:
+                learner.save_checkpoint(work / "ckpt", extra={"sampler": {"num_groups": 3}})
+            (work / "stats.json").write_text(json.dumps({"step": stats, **before,
                                                          "disk": vars(learner.disk_estimate(2)),
                                                          "sync": learner.last_sync_stats}))
         elif scenario == "resume":
