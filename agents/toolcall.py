@@ -18,9 +18,10 @@ Accepted:
    close tag (the model stopped right after the object);
 2. only where the text has no open tag at all: exactly one bare call object, a JSON object
    whose keys are exactly the name and the arguments key (``{"name": ..., "arguments":
-   {...}}``), wherever it stands (plain, in a code fence, between made-up tags). Small
-   models (SmolLM2-135M) copy the call they are shown exactly but wrap it in tags of
-   their own (``<prefix_test>`` ... ``</pre>``); the call is unambiguous, so it is run.
+   {...}}``), wherever it stands (plain, in a code fence, between made-up tags). A small
+   model (SmolLM2-135M) sometimes writes a call exactly but in tags of its own
+   (``<tool_response>`` ... ``</tool_response>``, ``<prefix_test>`` ... ``</pre>``); the
+   call is unambiguous, so it is run.
    Objects with other keys (a tool's schema echoed from the prompt has ``description``
    and ``parameters``) are not calls. Two or more bare call objects are ambiguous (a plan
    or a list of examples as much as calls) and run none: the model is told to tag them.
