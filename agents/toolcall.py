@@ -10,6 +10,26 @@ A ChatML model answers, e.g.::
 ``parse_tool_calls`` returns the calls it could read and, for each part it could not,
 a ``ToolCallProblem`` whose ``feedback`` is shown to the model as the next observation.
 Malformed output never raises: it is the model's mistake, and the episode goes on.
+
+Accepted:
+
+1. calls between the format's tags (``<tool_call>`` ... ``</tool_call>``), any number, in
+   the order written; the JSON may sit in a code fence, and the last call may lack its
+   close tag (the model stopped right after the object);
+2. only where the text has no open tag at all: exactly one bare call object, a JSON object
+   whose keys are exactly the name and the arguments key (``{"name": ..., "arguments":
+   {...}}``), wherever it stands (plain, in a code fence, between made-up tags). A small
+   model (SmolLM2-135M) sometimes writes a call exactly but in tags of its own
+   (``<tool_response>`` ... ``</tool_response>``, ``<prefix_test>`` ... ``</pre>``); the
+   call is unambiguous, so it is run.
+   Objects with other keys (a tool's schema echoed from the prompt has ``description``
+   and ``parameters``) are not calls. Two or more bare call objects are ambiguous (a plan
+   or a list of examples as much as calls) and run none: the model is told to tag them.
+
+Everything else (no call, bad JSON, an unknown tool or argument) is a problem with
+feedback. The bare-object search looks at no more than ``MAX_BARE_CANDIDATES`` places
+that start like a call object, so hostile text costs linear time; JSON nested too deep
+for the decoder is bad JSON, not an exception.
 """
 
 from __future__ import annotations
@@ -18,6 +38,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+MAX_BARE_CANDIDATES = 8
+"""Places that start like a bare call object (``{"name":`` or ``{"arguments":``) the
+untagged search decodes at most; text with more has no bare call read from it."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +117,8 @@ def parse_tool_calls(text: str, specs: Mapping[str, ToolSpec],
 
     Returns:
         (calls, problems): calls in the order written; one problem per unusable part
-        (bad JSON, unknown tool, missing or unexpected argument, unclosed tag, or no tool
-        call at all).
+        (bad JSON, unknown tool, missing or unexpected argument, unclosed tag, several
+        untagged calls, or no tool call at all). Which text is a call: module docstring.
     """
     calls: list[ToolCall] = []
     problems: list[ToolCallProblem] = []
@@ -115,6 +139,8 @@ def parse_tool_calls(text: str, specs: Mapping[str, ToolSpec],
                 f"JSON is incomplete. Keep the call short and write exactly:\n{example}"))
         elif problem is not None:
             problems.append(problem)
+    if fmt.open_tag not in text:  # no tagged call: rule 2, one bare call object
+        calls, problems = _bare_call(text, specs, fmt, example)
     if not calls and not problems:
         problems.append(ToolCallProblem(
             "No tool call found. Every answer must call exactly one tool, like:\n"
@@ -131,6 +157,45 @@ def _read_call(body: str, specs: Mapping[str, ToolSpec], fmt: ToolCallFormat,
         return None, ToolCallProblem(
             f"Your tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}). "
             f"Write one JSON object, like:\n{example}")
+    except RecursionError:
+        return None, ToolCallProblem(
+            f"Your tool call is not valid JSON (nested too deep). Write one flat JSON "
+            f"object, like:\n{example}")
+    return _check_call(obj, specs, fmt, example)
+
+
+def _bare_call(text: str, specs: Mapping[str, ToolSpec], fmt: ToolCallFormat,
+               example: str) -> tuple[list[ToolCall], list[ToolCallProblem]]:
+    """The one untagged call object in ``text`` (rule 2 of the module docstring)."""
+    start = re.compile(r"\{\s*\"(?:" + re.escape(fmt.name_key) + "|"
+                       + re.escape(fmt.arguments_key) + r")\"\s*:")
+    decoder = json.JSONDecoder()
+    found: list[Any] = []
+    pos = 0
+    for _ in range(MAX_BARE_CANDIDATES):
+        m = start.search(text, pos)
+        if m is None:
+            break
+        try:
+            obj, end = decoder.raw_decode(text, m.start())
+        except (ValueError, RecursionError):
+            pos = m.end()
+            continue
+        pos = end  # objects inside this one are its arguments, not calls
+        if isinstance(obj, dict) and set(obj) == {fmt.name_key, fmt.arguments_key}:
+            found.append(obj)
+    if len(found) > 1:
+        return [], [ToolCallProblem(
+            f"Found {len(found)} JSON tool calls outside {fmt.open_tag} tags; none was run. "
+            f"Call one tool per answer, written as:\n{example}")]
+    if not found:
+        return [], []
+    call, problem = _check_call(found[0], specs, fmt, example)
+    return ([call], []) if call is not None else ([], [problem])
+
+
+def _check_call(obj: Any, specs: Mapping[str, ToolSpec], fmt: ToolCallFormat,
+                example: str) -> tuple[ToolCall | None, ToolCallProblem | None]:
     if not isinstance(obj, dict) or not isinstance(obj.get(fmt.name_key), str):
         return None, ToolCallProblem(
             f'A tool call must be a JSON object with a string "{fmt.name_key}", like:\n{example}')

@@ -11,7 +11,8 @@ trainer does: one real vLLM engine (started here unless ``--engine-url``), our r
 the default recipe's episode limits (``trainer.agent_limits``) and sampling
 (``trainer.sampling``). Prints per set: episodes, mean reward, solved share, the share of
 groups with unequal rewards (those train), how many episodes made a well-formed tool call
-and a ``str_replace``, and the episodes' end states; writes every result to ``--out``.
+and a ``str_replace``, and the episodes' end states; writes every result, with the text of
+each model turn, to ``--out``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from agents.chat import HFTokenizer
 from agents.client import AgentServerClient, launch_agent_server
 from agents.envs.task import load_tasks
 from agents.server import BUILTIN_TASK_SETS, task_set_path
@@ -73,11 +75,28 @@ async def run_groups(agent_url: str, router_url: str, ids: list[str], group_size
         await client.aclose()
 
 
-def write_results(out: Path, results: dict, limits: dict, sampling: dict, group_size: int) -> None:
-    """Write the sets measured so far (figures and each episode's outcome) to ``out``."""
+def model_turns(result: dict, decode: Callable[[list[int]], str]) -> list[str]:
+    """The text of each model turn of an episode result: its runs of model tokens
+    (``loss_mask`` 1), decoded."""
+    runs: list[list[int]] = []
+    prev = 0
+    for tok, m in zip(result["completion_ids"], result["loss_mask"]):
+        if m and not prev:
+            runs.append([])
+        if m:
+            runs[-1].append(tok)
+        prev = m
+    return [decode(r) for r in runs]
+
+
+def write_results(out: Path, results: dict, limits: dict, sampling: dict, group_size: int,
+                  decode: Callable[[list[int]], str]) -> None:
+    """Write the sets measured so far (figures, each episode's outcome and what the model
+    wrote in each turn) to ``out``."""
     slim = {name: {"wall_s": res["wall_s"], "figures": group_figures(res["groups"]),
                    "groups": [[{k: r[k] for k in ("instance_id", "status", "reward", "patch")}
-                               | {"tool_calls": [c for t in r["turns"] for c in t["tool_calls"]]}
+                               | {"tool_calls": [c for t in r["turns"] for c in t["tool_calls"]],
+                                  "model_turns": model_turns(r, decode)}
                                for r in g] for g in res["groups"]]}
             for name, res in results.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +125,7 @@ def main() -> None:
     except ValueError as e:  # AgentServerError, TaskError
         raise SystemExit(f"error: {e}") from None
     model_path = resolve_model_path(cfg.model)
+    decode = HFTokenizer(str(model_path)).decode
     logs = args.out.parent / f"{args.out.stem}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     console = Console()
@@ -137,7 +157,7 @@ def main() -> None:
                     results[name] = {"groups": groups, "wall_s": time.monotonic() - t0}
                     console.print(f"{name}: {len(groups)} groups in {results[name]['wall_s']:.0f} s: "
                                   f"{group_figures(groups)}")
-                    write_results(args.out, results, limits, sampling, args.group_size)
+                    write_results(args.out, results, limits, sampling, args.group_size, decode)
         finally:
             router.stop()
     finally:

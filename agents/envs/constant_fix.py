@@ -10,7 +10,10 @@ PASS_TO_PASS tests run in the episode's sandbox), so a reward of 1 means the tes
 Graded by how much the problem statement gives away (``LEVELS``):
 
 1. the file, the line, the old and the new text, and the exact ``str_replace`` tool call
-   to make (the model has to copy it);
+   to make (the model has to copy it). The call shown is the shortest exact one
+   (``old_str`` ``= 3``, which occurs once in the file): with the full constant line it
+   was 60-77 tokens of SmolLM2's tokenizer, more than the default recipe's 64-token turn,
+   so a model that copied it was cut off; now it is 54-57;
 2. the file, the line, the old and the new text (the model writes the tool call);
 3. the file, the line and the constant's name, and what the function returns against what
    it should (the model works out the value).
@@ -102,10 +105,11 @@ BUGS = (
 
 
 def fix_call(bug: ConstantBug) -> str:
-    """The ``str_replace`` tool call that fixes ``bug`` (shown at level 1, in the agent
-    server's default Hermes format)."""
-    return format_tool_call("str_replace", {"path": bug.path, "old_str": f"{bug.name} = {bug.wrong}",
-                                            "new_str": f"{bug.name} = {bug.right}"})
+    """The shortest ``str_replace`` tool call that fixes ``bug`` (shown at level 1, in the
+    agent server's default Hermes format): ``= <wrong>`` occurs once in the module (the
+    docstrings have no digits)."""
+    return format_tool_call("str_replace", {"path": bug.path, "old_str": f"= {bug.wrong}",
+                                            "new_str": f"= {bug.right}"})
 
 
 def problem_statement(bug: ConstantBug, level: int) -> str:

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from agents.envs.constant_fix import BUGS, LEVELS, build_constant_fix, problem_statement
+from agents.envs.constant_fix import BUGS, LEVELS, build_constant_fix, fix_call, problem_statement
 from agents.envs.task import evaluate, load_tasks
 from agents.loop import EpisodeLimits
 from agents.scripted import tool_call
@@ -45,10 +45,24 @@ def test_statement_names_file_line_and_constant_giving_away_less_each_level():
     assert "`RATE_PER_KG = 5`" in s1 and "`RATE_PER_KG = 5`" in s2 and "= 5" not in s3
     (call,), problems = parse_tool_calls(s1, TOOL_SPECS)  # level 1 shows a call that parses
     assert not problems and call == ToolCall("str_replace", {
-        "path": "shipping/__init__.py", "old_str": "RATE_PER_KG = 3", "new_str": "RATE_PER_KG = 5"})
+        "path": "shipping/__init__.py", "old_str": "= 3", "new_str": "= 5"})
     assert "<tool_call>" not in s2
     with pytest.raises(ValueError, match="choose one of 1, 2, 3"):
         problem_statement(bug, 4)
+
+
+def test_level_1_call_is_exact_and_fits_the_default_recipes_turn(model_path, train_cfg):
+    from agents.chat import HFTokenizer
+
+    tok = HFTokenizer(model_path)
+    budget = train_cfg.trainer.agent_limits.max_tokens_per_turn  # 64 in mixed_step
+    for bug in BUGS:
+        (call,), _ = parse_tool_calls(fix_call(bug), TOOL_SPECS)
+        module = bug.module(bug.wrong)
+        assert module.count(call.arguments["old_str"]) == 1, bug.package  # str_replace's rule
+        assert module.replace(call.arguments["old_str"], call.arguments["new_str"]) == bug.module(bug.right)
+        # Room for the end token and a few of the model's own.
+        assert len(tok.encode(fix_call(bug))) <= budget - 4, bug.package
 
 
 @pytest.mark.parametrize("level", LEVELS)
