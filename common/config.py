@@ -20,6 +20,7 @@ interpolations), ``--help``, ``--info``, ``-m``.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -341,14 +342,32 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
             raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+"""The shape of a hub id (model or dataset): ``name`` or ``owner/name``."""
+
+
+def reads_as_local_path(text: str) -> bool:
+    """``text`` names a local path, not a hub id: it starts with ``.``, ``/`` or ``~``, has
+    another shape than a hub id (``runs/x/checkpoint``: two separators), or its first part
+    is a folder here (``runs/checkpoint`` with ``runs/`` in the current folder). Relative
+    paths are read from the current folder, as the model loaders read them."""
+    if text.startswith((".", "/", "~")) or HUB_ID.fullmatch(text) is None:
+        return True
+    owner, sep, _ = text.partition("/")
+    return bool(sep) and Path(owner).is_dir()
+
+
 def missing_local_path(key: str, path: Any, instead: str = "") -> str | None:
-    """The message for ``key=path`` when ``path`` is written as a local path (``.``, ``/``
-    or ``~`` first) that does not exist, else None (it exists, or is a hub id such as
-    ``org/name``). ``instead``: more to offer, e.g. `` or leave model.path unset``."""
+    """The message for ``key=path`` when ``path`` reads as a local path
+    (``reads_as_local_path``) that does not exist, else None (it exists, or is a hub id
+    such as ``org/name``, which nothing here checks or downloads before the loader does).
+    ``instead``: more to offer, e.g. `` or leave model.path unset``."""
     text = str(path)
-    if not text.startswith((".", "/", "~")) or Path(text).expanduser().exists():
+    local = Path(text).expanduser()
+    if not reads_as_local_path(text) or local.exists():
         return None
-    return (f"{key}={text} does not exist. Give an existing local Hugging Face folder or a hub id "
+    where = "" if local.is_absolute() else f" (read from the current folder: {local.resolve()})"
+    return (f"{key}={text} does not exist{where}. Give an existing local Hugging Face folder or a hub id "
             f"(org/name){instead}.")
 
 
