@@ -310,6 +310,13 @@ def number(above: float | None = None, at_least: float | None = None, at_most: f
     return ok
 
 
+is_seed = number(at_least=0, whole=True)
+"""A random seed: a whole number >= 0 (numpy's generators refuse a negative one)."""
+
+SEED_RULE: Rule = (is_seed, "a whole number >= 0, e.g. seed=0")
+"""The ``check_values`` rule of a ``seed`` key."""
+
+
 def or_null(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """``test``, or the value is null."""
     return lambda v: v is None or test(v)

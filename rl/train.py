@@ -20,7 +20,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from common.config import EXIT_FAILURE, ConfigError, check_values, hydra_entry, number, register_user_error
+from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, check_values, hydra_entry, number,
+                           register_user_error)
 from rl.report import plot_run, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -299,7 +300,7 @@ def use_trainer_gpus(placement) -> None:
 
 def validate_job_cfg(cfg: DictConfig):
     """Everything about the composed config that can be checked before engines start:
-    ``model.path`` given where the recipe requires it, the ``trainer``, ``engine`` and
+    ``seed``, ``model.path`` given where the recipe requires it, the ``trainer``, ``engine`` and
     ``router`` groups (``router.launch.check_router_cfg``), the GPU placement, and that the
     weight sync fits the engines.
 
@@ -315,6 +316,7 @@ def validate_job_cfg(cfg: DictConfig):
     from rollout.weight_sync import WORKER_EXTENSION
     from router.launch import check_router_cfg
 
+    check_values(cfg, {"seed": SEED_RULE})
     check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     agent_task_sets_override(cfg.agents.get("task_sets") or [])

@@ -64,3 +64,32 @@ def test_rl_train_refuses_group_size_zero_with_exit_2_and_no_run_folder(tmp_path
     assert r.returncode == 2, r.stderr
     assert "trainer.group_size.rlvr" in r.stderr and "Traceback" not in r.stderr
     assert "run folder" not in r.stdout and not run_dir.exists()
+
+
+@pytest.mark.parametrize("seed, shown", [("abc", "'abc'"), ("-1", "-1"), ("1.5", "1.5"), ("true", "True")])
+def test_a_seed_that_is_not_a_whole_number_from_0_is_refused_before_start(seed, shown):
+    from rl.train import validate_job_cfg
+
+    with pytest.raises(ConfigError, match=rf"^seed={shown} is invalid: give a whole number >= 0"):
+        validate_job_cfg(compose("train", ["run_dir=runs/test", f"seed={seed}"]))
+
+
+def test_rl_compare_refuses_a_bad_seed_before_the_first_run():
+    from rl.compare import check_train_runs
+
+    with pytest.raises(ConfigError, match=r"^seed=-1 is invalid"):
+        check_train_runs({"vllm": ["router=vllm", "seed=-1", "run_dir=runs/test/vllm"]})
+
+
+def test_rl_train_refuses_seed_abc_with_exit_2_and_no_run_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from common.config import REPO_ROOT
+
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rl.train", f"run_dir={run_dir}", "seed=abc"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "error: seed='abc' is invalid: give a whole number >= 0, e.g. seed=0.\n"
+    assert "run folder" not in r.stdout and not run_dir.exists()
