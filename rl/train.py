@@ -406,11 +406,14 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
     from rl.grpo import loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
+    from rl.sampler import check_sources
     from rl.trainer import TrainerError, check_group_fits, trainer_config
     from rollout.weight_sync import weight_sync_config
 
     plain = OmegaConf.to_container(tcfg, resolve=True)
-    checks = (("trainer.rho", lambda: normalize_mixture(plain["rho"])),
+    # prompt sources: trainer.domains, and the agent server's task sets for class agent (_main)
+    sourced = [str(b) for b, doms in (plain.get("domains") or {}).items() if doms] + ["agent"]
+    checks = (("trainer.rho", lambda: check_sources(plain.get("rho"), sourced)),
               ("trainer.loss", lambda: loss_config(plain["loss"])),
               ("trainer.learner", lambda: learner_config(plain)),
               ("trainer", lambda: trainer_config(plain)),  # the loop's settings and limits

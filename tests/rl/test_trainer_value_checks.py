@@ -93,3 +93,25 @@ def test_rl_train_refuses_seed_abc_with_exit_2_and_no_run_folder(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr == "error: seed='abc' is invalid: give a whole number >= 0, e.g. seed=0.\n"
     assert "run folder" not in r.stdout and not run_dir.exists()
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("trainer.rho=abc", "trainer.rho: the target mixture must map each workload class to a weight, "
+                        "e.g. {agent: 48.6, rlvr: 33.1, rlhf: 18.2}; got 'abc'"),
+    ("~trainer.rho", "trainer.rho: the target mixture must map each workload class to a weight"),
+    ("trainer.rho.rlvr=abc", "trainer.rho: the weight of class 'rlvr' is 'abc': give a number >= 0"),
+    ("+trainer.rho.unknownclass=1", "trainer.rho: workload classes ['unknownclass'] have a positive target "
+                                    "share but no prompt sources"),
+])
+def test_a_bad_target_mixture_is_refused_before_start(override, expect):
+    from rl.train import validate_trainer_cfg
+
+    with pytest.raises(ConfigError) as e:
+        validate_trainer_cfg(compose("train", ["run_dir=runs/test", override]).trainer)
+    assert str(e.value).startswith(expect), e.value
+
+
+def test_a_class_without_sources_is_allowed_at_weight_0():
+    from rl.train import validate_trainer_cfg
+
+    validate_trainer_cfg(compose("train", ["run_dir=runs/test", "+trainer.rho.unknownclass=0"]).trainer)
