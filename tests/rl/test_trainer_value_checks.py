@@ -26,6 +26,9 @@ from common.config import ConfigError, compose
     ("trainer.eval.problems=0", "trainer.eval.problems"),
     ("trainer.max_in_flight=abc", "trainer.max_in_flight='abc': give a whole number"),
     ("trainer.max_staleness=1.5", "trainer.max_staleness=1.5: give a whole number"),
+    ("trainer.max_in_flight=0", "^trainer.max_in_flight=0: give a whole number >= 1"),
+    ("trainer.max_in_flight=-3", "^trainer.max_in_flight=-3: give a whole number >= 1"),
+    ("trainer.max_staleness=-1", "^trainer.max_staleness=-1: give a whole number >= 0"),
 ])
 def test_a_bad_numeric_trainer_value_is_refused_before_start(override, key):
     from rl.train import validate_trainer_cfg
