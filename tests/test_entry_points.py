@@ -108,3 +108,11 @@ def test_a_run_folder_that_cannot_be_made_is_one_error_line(module, key, where, 
     assert r.stderr.startswith(f"error: {key}={value}: {expect.format(file=tmp_path / 'file')}"), r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr + r.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_learning_curve_refuses_a_run_folder_without_metrics_with_exit_2_and_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    r = _run_in(tmp_path, "bench.learning_curve", "--runs", str(tmp_path / "run"), "/nonexistent")
+    assert r.returncode == EXIT_USAGE, r.stderr
+    assert r.stderr == f"error: --runs {tmp_path / 'run'}: no metrics.jsonl (did the run finish?); give rl.train run folders\n"
+    assert r.stdout == ""
