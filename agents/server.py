@@ -41,6 +41,7 @@ from router.headers import SessionHeaders
 from agents.toolcall import ToolCallFormat
 from common.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
 from common.options import build_options
+from common.process import listening_socket
 from common.urls import url_problem
 from sandbox import IsolationConfig, Limits, SandboxError
 
@@ -377,7 +378,8 @@ def serve(cfg: DictConfig) -> None:
     """Check the config, then serve until interrupted.
 
     Raises:
-        ConfigError: a value of the wrong type or range (``VALUE_RULES``).
+        ConfigError: a value of the wrong type or range (``VALUE_RULES``), or an address
+            that cannot be served on (a port in use).
         UnknownAgentServerOption: an option name added with ``+`` that does not exist.
         AgentServerError, TaskError, SandboxError: other bad configuration.
     """
@@ -385,11 +387,13 @@ def serve(cfg: DictConfig) -> None:
     episode_config(cfg).isolation.check()
     _options(ChatFormat, cfg.chat_format, "chat_format")
 
+    sock = listening_socket(cfg.host, cfg.port)  # an address in use: one error line, before anything starts
+
     async def build() -> web.Application:
         return make_app(AgentService(cfg))
 
-    log.info("agent server on http://%s:%s", cfg.host, cfg.port)
-    web.run_app(build(), host=cfg.host, port=cfg.port, print=None)
+    log.info("agent server on http://%s:%s", cfg.host, sock.getsockname()[1])
+    web.run_app(build(), sock=sock, print=None)
 
 
 def main() -> None:

@@ -16,7 +16,9 @@ machine does not change, unlike the wall time), and the run's wall time; before 
 table per run: the metric at each evaluated step, and per iteration the rlvr reward of
 all rollouts and of the trained groups, the rlvr units and informative groups trained,
 all units trained and the update time. ``--runs`` reads
-finished run folders instead of training (no engine needed).
+finished run folders instead of training (no engine needed); one that is not a finished
+run with a step-0 evaluation is refused with one ``error:`` line, exit code 2, before
+anything is printed.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from common.config import usage_error
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+class RunFolderError(ValueError):
+    """A run folder whose metrics cannot give the curve; the message names the folder."""
 
 
 def curve(run_dir: Path, metric: str) -> dict:
@@ -40,16 +48,20 @@ def curve(run_dir: Path, metric: str) -> dict:
     reward of all rollouts over the first and second half of the iterations, of one run folder.
 
     Raises:
-        SystemExit: the folder has no metrics.jsonl or no evaluation line with ``metric``.
+        RunFolderError: the folder has no metrics.jsonl, a line that is not JSON, or no
+            step-0 evaluation line with ``metric``.
     """
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise SystemExit(f"{run_dir}: no metrics.jsonl (did the run finish?)")
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        raise RunFolderError(f"{run_dir}: no metrics.jsonl (did the run finish?); give rl.train run folders")
+    try:
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except json.JSONDecodeError as e:
+        raise RunFolderError(f"{path}: line {e.lineno} is not JSON ({e.msg})") from None
     evals = [(h["iteration"], h[metric]) for h in lines if h.get(metric) is not None]
     if not evals or evals[0][0] != 0:
-        raise SystemExit(f"{run_dir}: no step-0 value of {metric}; the run needs "
-                         "trainer.eval_every > 0")
+        raise RunFolderError(f"{run_dir}: no step-0 value of {metric}; the run needs "
+                             "trainer.eval_every > 0 (or give --metric)")
     steps = [{"iteration": h["iteration"], "eval": h.get(metric),
               "rlvr_reward": (h.get("reward_by_class") or {}).get("rlvr"),
               "rlvr_rollout_reward": (h.get("rollout_reward_by_class") or {}).get("rlvr"),
@@ -127,9 +139,14 @@ def main() -> None:
                 "points per 100 rlvr units",
                 "wall (min)"):
         table.add_column(col, justify="right")
+    try:  # every folder read before anything is printed
+        curves = [(name, curve(run_dir, args.metric), wall) for name, run_dir, wall in runs]
+    except RunFolderError as e:
+        if args.runs:  # the folders the command named: a mistake in it
+            raise usage_error(f"--runs {e}") from None
+        raise SystemExit(str(e)) from None  # a run this command trained: a failure (exit 1)
     starts, ends, gains, ratios = [], [], [], []
-    for name, run_dir, wall in runs:
-        c = curve(run_dir, args.metric)
+    for name, c, wall in curves:
         ratio = c["end"] / c["start"] if c["start"] > 0 else float("inf")
         starts.append(c["start"])
         ends.append(c["end"])

@@ -53,7 +53,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import EXIT_USAGE, REPO_ROOT
+from common.config import REPO_ROOT, usage_error
 from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from common.process import ProcessStartError
@@ -280,20 +280,13 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def _refuse(message: str) -> SystemExit:
-    """Print ``error: <message>`` and return the SystemExit of a refused command (exit 2,
-    as for every entry point's user mistake; see common.config)."""
-    print(f"error: {message}", file=sys.stderr)
-    return SystemExit(EXIT_USAGE)
-
-
 def _parse_ints(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise _refuse(f"{what}: expected comma-separated integers like 8,16,32, got {text!r}") from None
+        raise usage_error(f"{what}: expected comma-separated integers like 8,16,32, got {text!r}") from None
     if not values or any(v < 1 for v in values):
-        raise _refuse(f"{what}: expected positive integers like 8,16,32, got {text!r}")
+        raise usage_error(f"{what}: expected positive integers like 8,16,32, got {text!r}")
     return values
 
 
@@ -308,14 +301,14 @@ def _check_args(args: argparse.Namespace) -> None:
                 "--units": args.units}
     for name, value in positive.items():
         if not math.isfinite(value) or value <= 0:
-            raise _refuse(f"{name} must be a positive number, got {value}")
+            raise usage_error(f"{name} must be a positive number, got {value}")
     if not 0 <= args.tool_gap_share < 1:
-        raise _refuse(f"--tool-gap-share must be in [0, 1), got {args.tool_gap_share}")
+        raise usage_error(f"--tool-gap-share must be in [0, 1), got {args.tool_gap_share}")
     if args.kv_tokens < args.max_model_len:
-        raise _refuse(f"--kv-tokens {args.kv_tokens} is below --max-model-len {args.max_model_len}: vLLM "
+        raise usage_error(f"--kv-tokens {args.kv_tokens} is below --max-model-len {args.max_model_len}: vLLM "
                          "refuses to start when one request cannot fit in its KV cache; raise --kv-tokens")
     if args.max_model_len < 512:
-        raise _refuse(f"--max-model-len must be >= 512 for the generated workload, got {args.max_model_len}")
+        raise usage_error(f"--max-model-len must be >= 512 for the generated workload, got {args.max_model_len}")
 
 
 def main() -> None:
@@ -346,13 +339,13 @@ def main() -> None:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in registered_policy_names()]
     if unknown:
-        raise _refuse(f"--policies: unknown {unknown}; valid: {', '.join(registered_policy_names())}")
+        raise usage_error(f"--policies: unknown {unknown}; valid: {', '.join(registered_policy_names())}")
     try:
         runs = plan_runs(sweep, args.ceiling, policies)
         for r in runs:
             r.sim_policy()  # unknown policy names and bad params fail here, before engines start
     except (ValueError, KeyError, TypeError) as e:
-        raise _refuse(f"--policies: {e}") from None
+        raise usage_error(f"--policies: {e}") from None
     out = args.out or REPO_ROOT / "runs" / "bench" / f"router-real-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     stop_on_sigterm()
@@ -462,7 +455,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
     want = "give the folder of a finished python -m bench.router_real run (results.json, trace.jsonl)"
     for name in ("results.json", "trace.jsonl"):
         if not (run_dir / name).is_file():
-            raise _refuse(f"--resimulate {run_dir}: no {name} there; {want}")
+            raise usage_error(f"--resimulate {run_dir}: no {name} there; {want}")
     try:
         saved = json.loads((run_dir / "results.json").read_text())
         args = saved["args"]
@@ -472,7 +465,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
         trace = read_trace(run_dir / "trace.jsonl")
     except (ValueError, KeyError, TypeError, SimError) as e:
         what = f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise _refuse(f"--resimulate {run_dir}: not a finished run's results ({what}); {want}") from None
+        raise usage_error(f"--resimulate {run_dir}: not a finished run's results ({what}); {want}") from None
     runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"])) for r in results]
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
     simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,

@@ -19,7 +19,10 @@ interpolations), ``--help``, ``--info``, ``-m``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -252,13 +255,19 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
     return str(e).splitlines()[0]
 
 
+def usage_error(message: object) -> SystemExit:
+    """Print ``error: <message>`` and return the SystemExit of a command refused for the
+    user's mistake (exit 2), for the caller to raise."""
+    print(f"error: {message}", file=sys.stderr)
+    return SystemExit(EXIT_USAGE)
+
+
 def compose_or_exit(config_name: str, argv: Sequence[str], return_hydra_config: bool = False) -> DictConfig:
     """``compose`` for command-line use: on ConfigError print the message and exit 2."""
     try:
         return compose(config_name, _hydra_flags_removed(argv), return_hydra_config)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+        raise usage_error(e) from None
 
 
 def _print_stopped(why: str) -> None:
@@ -309,6 +318,13 @@ def number(above: float | None = None, at_least: float | None = None, at_most: f
     return ok
 
 
+is_seed = number(at_least=0, whole=True)
+"""A random seed: a whole number >= 0 (numpy's generators refuse a negative one)."""
+
+SEED_RULE: Rule = (is_seed, "a whole number >= 0, e.g. seed=0")
+"""The ``check_values`` rule of a ``seed`` key."""
+
+
 def or_null(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """``test``, or the value is null."""
     return lambda v: v is None or test(v)
@@ -341,31 +357,88 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
             raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+"""The shape of a hub id (model or dataset): ``name`` or ``owner/name``."""
+
+
+def reads_as_local_path(text: str) -> bool:
+    """``text`` names a local path, not a hub id: it starts with ``.``, ``/`` or ``~``, has
+    another shape than a hub id (``runs/x/checkpoint``: two separators), or its first part
+    is a folder here (``runs/checkpoint`` with ``runs/`` in the current folder). Relative
+    paths are read from the current folder, as the model loaders read them."""
+    if text.startswith((".", "/", "~")) or HUB_ID.fullmatch(text) is None:
+        return True
+    owner, sep, _ = text.partition("/")
+    return bool(sep) and Path(owner).is_dir()
+
+
 def missing_local_path(key: str, path: Any, instead: str = "") -> str | None:
-    """The message for ``key=path`` when ``path`` is written as a local path (``.``, ``/``
-    or ``~`` first) that does not exist, else None (it exists, or is a hub id such as
-    ``org/name``). ``instead``: more to offer, e.g. `` or leave model.path unset``."""
+    """The message for ``key=path`` when ``path`` reads as a local path
+    (``reads_as_local_path``) that does not exist, else None (it exists, or is a hub id
+    such as ``org/name``, which nothing here checks or downloads before the loader does).
+    ``instead``: more to offer, e.g. `` or leave model.path unset``."""
     text = str(path)
-    if not text.startswith((".", "/", "~")) or Path(text).expanduser().exists():
+    local = Path(text).expanduser()
+    if not reads_as_local_path(text) or local.exists():
         return None
-    return (f"{key}={text} does not exist. Give an existing local Hugging Face folder or a hub id "
+    where = "" if local.is_absolute() else f" (read from the current folder: {local.resolve()})"
+    return (f"{key}={text} does not exist{where}. Give an existing local Hugging Face folder or a hub id "
             f"(org/name){instead}.")
 
 
-def _new_parents_of_run_dir(cfg: DictConfig) -> list[Path]:
-    """The folders above the run folder (``hydra.run.dir`` of ``cfg``, composed with
-    Hydra's config) that do not exist yet, innermost first: Hydra will make them. []
-    where the run folder's name cannot be resolved before Hydra runs."""
+@contextlib.contextmanager
+def _hydra_config_set(cfg: DictConfig):
+    """``cfg`` (composed with Hydra's config) as Hydra's own while inside, for
+    ``${hydra:runtime.choices...}`` in a run folder's name."""
     from hydra.core.hydra_config import HydraConfig
 
-    HydraConfig.instance().set_config(cfg)  # for ${hydra:runtime.choices...} in run_dir
+    HydraConfig.instance().set_config(cfg)
     try:
-        run_dir = Path(str(cfg.hydra.run.dir)).resolve()
-    except Exception:  # a name only Hydra's run can resolve: then only the run folder is removed
-        return []
+        yield
     finally:
         HydraConfig.instance().cfg = None  # hydra.main sets its own
-    return [p for p in run_dir.parents if not p.exists()]
+
+
+def _run_dir_of(cfg: DictConfig) -> Path | None:
+    """The run folder (``hydra.run.dir`` of ``cfg``, composed with Hydra's config), or None
+    where its name cannot be resolved before Hydra runs."""
+    with _hydra_config_set(cfg):
+        try:
+            return Path(str(cfg.hydra.run.dir)).resolve()
+        except Exception:  # a name only Hydra's run can resolve: then only the run folder is removed
+            return None
+
+
+def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse a run folder Hydra could not make or write in, before it tries (its
+    ``FileExistsError`` or ``NotADirectoryError`` would be a traceback): ``run_dir`` is a
+    file, lies under a file, or its folders cannot be made (``/proc/x``, a read-only
+    place). The first folder to make is made and removed again to find out.
+
+    Raises:
+        ConfigError: naming the key the run folder comes from (``run_dir``, ``out_dir``).
+    """
+    raw = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]
+    ref = re.match(r"\$\{([A-Za-z_][\w.]*)\}", str(raw))
+    key = ref.group(1) if ref else "hydra.run.dir"
+    with _hydra_config_set(cfg):
+        given = f"{key}={OmegaConf.select(cfg, key, default=run_dir)}"
+    fix = "give a folder to make or an existing run folder"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{given}: {run_dir} is a file, not a folder; {fix}")
+    missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    if not missing:
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"{given}: cannot write in {run_dir} (permission denied); {fix}")
+        return
+    first = missing[-1]
+    if not first.parent.is_dir():
+        raise ConfigError(f"{given}: {first.parent} is a file, not a folder; {fix}")
+    try:
+        first.mkdir()
+        first.rmdir()
+    except OSError as e:
+        raise ConfigError(f"{given}: cannot make {first} ({e.strerror}); {fix}") from None
 
 
 def _remove_refused_run_dir(new_parents: Sequence[Path] = ()) -> None:
@@ -426,7 +499,15 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], object]], 
                 print_help(config_name, argv)
                 return
             if "--hydra-help" not in argv:
-                new_parents[:] = _new_parents_of_run_dir(compose_or_exit(config_name, argv, True))
+                cfg = compose_or_exit(config_name, argv, True)
+                run_dir = _run_dir_of(cfg)
+                if run_dir is not None:
+                    new_parents[:] = [p for p in run_dir.parents if not p.exists()]
+                    if not any(a.startswith("-") for a in argv):  # a run, not --cfg, --info or -m
+                        try:
+                            check_run_dir(cfg, run_dir)
+                        except ConfigError as e:
+                            raise usage_error(e) from None
             try:
                 _run()
             except KeyboardInterrupt:  # Ctrl-C: the with/finally blocks on the way up stopped the children

@@ -84,6 +84,27 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def listening_socket(host: str, port: int, keys: tuple[str, str] = ("host", "port")) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0 = any free port) and listening, for a server to
+    serve on. Bound first, so an address in use is refused before anything else starts;
+    connections that arrive before serving starts wait in its backlog.
+
+    Args:
+        keys: the config keys of the host and the port, named in the error.
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not an address of this machine).
+    """
+    from common.config import ConfigError
+
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return socket.create_server(address, family=family)  # SO_REUSEADDR on POSIX, as aiohttp's
+    except OSError as exc:
+        raise ConfigError(f"cannot serve on {host}:{port} ({exc}); choose another {keys[0]} (an address of "
+                          f"this machine) or {keys[1]}") from None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port that is free on ``host`` now.
 

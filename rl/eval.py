@@ -41,7 +41,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from agents.chat import ByteTokenizer, ChatFormat, HFTokenizer, Tokenizer
 from agents.envs.task import TaskError
 from agents.server import HANDMADE_TASKS, AgentServerError, episode_config
-from common.config import EXIT_FAILURE, RunFailedError, hydra_entry, register_user_error
+from common.config import EXIT_FAILURE, SEED_RULE, RunFailedError, check_values, hydra_entry, register_user_error
 from rl.data.gsm8k import looks_like_hub_id
 from rl.evaluation.base import Benchmark, EvalError
 from rl.evaluation.humaneval import HumanEvalBenchmark
@@ -139,7 +139,7 @@ def settings_of(cfg: DictConfig) -> EvalSettings:
         n=_typed(e, "n", "eval", int), ks=tuple(int(k) for k in ks),
         temperature=_typed(e, "temperature", "eval", float),
         top_p=_typed(e, "top_p", "eval", float), max_tokens=_typed(e, "max_tokens", "eval", int),
-        seed=_typed(e, "seed", "eval", int), request_seeds=_request_seeds(cfg),
+        seed=_typed(e, "seed", "eval", int, minimum=0), request_seeds=_request_seeds(cfg),
         concurrency=_typed(e, "concurrency", "eval", int),
         retry_errors=_typed(e, "retry_errors", "eval", bool),
         request_timeout_s=_typed(e, "request_timeout_s", "eval", float),
@@ -213,12 +213,14 @@ def check_config(cfg: DictConfig) -> EvalSettings:
         The evaluation settings (``settings_of``).
 
     Raises:
+        ConfigError: ``seed`` is not a whole number >= 0.
         EvalError: the first bad value, its key named: a type or range (n < 1, k > n,
             negative limits), an unknown benchmark name, no benchmark enabled, a missing
             file or folder, a malformed ``eval.router_url``, an unknown grader.
         AgentServerError, SandboxError: a bad ``eval.agent`` or sandbox limit.
     """
     e = cfg.eval
+    check_values(cfg, {"seed": SEED_RULE})  # before eval.seed, which is ${seed} unless given
     settings = settings_of(cfg)
     router_url_of(cfg)
     b = e.benchmarks

@@ -24,11 +24,23 @@ def normalize_mixture(weights: Mapping[str, float]) -> dict[str, float]:
     """Rescale non-negative class weights (fractions or percent) to sum to 1.
 
     Raises:
-        MixtureError: no class, a negative or non-finite weight, or all weights zero.
+        MixtureError: not a mapping, no class, a weight that is no number, negative or not
+            finite, or all weights zero.
     """
+    if not isinstance(weights, Mapping):
+        raise MixtureError("the target mixture must map each workload class to a weight, e.g. "
+                           f"{{agent: 48.6, rlvr: 33.1, rlhf: 18.2}}; got {weights!r}")
     if not weights:
         raise MixtureError("the target mixture rho names no workload class")
-    w = {str(k): float(v) for k, v in weights.items()}
+    w = {}
+    for k, v in weights.items():
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            w[str(k)] = float(v)
+        except (TypeError, ValueError):
+            raise MixtureError(f"the weight of class {str(k)!r} is {v!r}: give a number >= 0 "
+                               "(0 switches the class off)") from None
     bad = {k: v for k, v in w.items() if not (v >= 0.0 and v < float("inf"))}
     if bad:
         raise MixtureError(f"mixture weights must be finite and >= 0, got {bad}")

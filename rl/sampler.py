@@ -14,7 +14,7 @@ deterministic from ``seed`` and resumable through ``state_dict``/``load_state_di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -112,6 +112,22 @@ def largest_deficit(target: Mapping[str, float], counts: Mapping[str, int]) -> s
     return best_key
 
 
+def check_sources(rho: Mapping[str, float], classes: Iterable[str]) -> None:
+    """Every class with a positive share in ``rho`` is one of ``classes`` (those with
+    prompt sources).
+
+    Raises:
+        MixtureError: the classes without sources, and what to do.
+    """
+    have = set(classes)
+    missing = [b for b, w in normalize_mixture(rho).items() if w > 0 and b not in have]
+    if missing:
+        raise MixtureError(
+            f"workload classes {missing} have a positive target share but no prompt "
+            f"sources (classes with sources: {', '.join(sorted(have))}); give them sources "
+            "or set their rho weight to 0")
+
+
 class MixtureSampler:
     """Releases GRPO groups of rollout units whose classes follow rho.
 
@@ -129,11 +145,7 @@ class MixtureSampler:
     def __init__(self, rho: Mapping[str, float], classes: Mapping[str, WorkloadClassSpec],
                  *, seed: int = 0, run_id: str = "run"):
         self.rho = normalize_mixture(rho)
-        missing = [b for b, w in self.rho.items() if w > 0 and b not in classes]
-        if missing:
-            raise MixtureError(
-                f"workload classes {missing} have a positive target share but no prompt "
-                "sources; give them sources or set their rho weight to 0")
+        check_sources(self.rho, classes)
         self.classes = dict(classes)
         self.seed = int(seed)
         self.run_id = run_id

@@ -20,7 +20,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from common.config import EXIT_FAILURE, ConfigError, check_values, hydra_entry, number, register_user_error
+from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, check_values, hydra_entry, number,
+                           register_user_error)
 from rl.report import plot_run, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -299,7 +300,7 @@ def use_trainer_gpus(placement) -> None:
 
 def validate_job_cfg(cfg: DictConfig):
     """Everything about the composed config that can be checked before engines start:
-    ``model.path`` given where the recipe requires it, the ``trainer``, ``engine`` and
+    ``seed``, ``model.path`` given where the recipe requires it, the ``trainer``, ``engine`` and
     ``router`` groups (``router.launch.check_router_cfg``), the GPU placement, and that the
     weight sync fits the engines.
 
@@ -315,6 +316,7 @@ def validate_job_cfg(cfg: DictConfig):
     from rollout.weight_sync import WORKER_EXTENSION
     from router.launch import check_router_cfg
 
+    check_values(cfg, {"seed": SEED_RULE})
     check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     agent_task_sets_override(cfg.agents.get("task_sets") or [])
@@ -404,11 +406,14 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
     from rl.grpo import loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
+    from rl.sampler import check_sources
     from rl.trainer import TrainerError, check_group_fits, trainer_config
     from rollout.weight_sync import weight_sync_config
 
     plain = OmegaConf.to_container(tcfg, resolve=True)
-    checks = (("trainer.rho", lambda: normalize_mixture(plain["rho"])),
+    # prompt sources: trainer.domains, and the agent server's task sets for class agent (_main)
+    sourced = [str(b) for b, doms in (plain.get("domains") or {}).items() if doms] + ["agent"]
+    checks = (("trainer.rho", lambda: check_sources(plain.get("rho"), sourced)),
               ("trainer.loss", lambda: loss_config(plain["loss"])),
               ("trainer.learner", lambda: learner_config(plain)),
               ("trainer", lambda: trainer_config(plain)),  # the loop's settings and limits

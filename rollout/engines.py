@@ -243,7 +243,7 @@ def validate_engine_cfg(ecfg: DictConfig) -> None:
     if ecfg.kind not in ("cpu", "gpu"):
         raise bad("kind", "use cpu or gpu")
     for key, lo in (("num_engines", 1), ("max_num_seqs", 1), ("tensor_parallel_size", 1),
-                    ("startup_timeout_s", 1)):
+                    ("startup_timeout_s", 1), ("seed", 0)):
         v = ecfg.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo or int(v) != v:
             raise bad(key, f"give a whole number >= {lo}")

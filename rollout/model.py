@@ -59,8 +59,12 @@ def check_model_path_given(model_cfg: DictConfig) -> None:
 def check_model_path(model_cfg: DictConfig) -> None:
     """The checks of ``model.path`` that need nothing prepared: given where the recipe
     requires it (``check_model_path_given``), and a local folder that exists and holds
-    ``config.json``; a name that is not a path is taken as a hub id. Cheap, so entry points
-    run it before they write anything.
+    ``config.json``. A value that reads as a local path (``common.config.reads_as_local_path``:
+    ``.``, ``/`` or ``~`` first, two or more separators as in ``runs/<run>/checkpoint``, or a
+    first part that is a folder in the current one) and does not exist is refused; only a
+    value of a hub id's shape (``name``, ``org/name``) is left to the loader as a hub id.
+    Nothing in the default recipes names a hub id (the packaged model is converted
+    locally). Cheap, so entry points run it before they write anything.
 
     Raises:
         ModelPrepareError: the message names ``model.path`` and what to give instead.
@@ -87,8 +91,8 @@ def check_model_path(model_cfg: DictConfig) -> None:
 def resolve_model_path(model_cfg: DictConfig) -> str:
     """Return what vLLM/transformers should load for ``model_cfg``.
 
-    ``model.path`` when it is set (a local folder must exist; anything else is taken as a
-    hub id), otherwise the prepared folder of ``model.source`` (converted on first use).
+    ``model.path`` when it is set (a local folder must exist; a hub id, see
+    ``check_model_path``, is passed on), otherwise the prepared folder of ``model.source`` (converted on first use).
 
     Raises:
         ModelPrepareError: ``model.path`` fails ``check_model_path``, or preparing the

@@ -38,6 +38,7 @@ async def serve(cfg: DictConfig) -> int:
 
     Raises:
         RouterConfigError: a bad option (see ``router.server.build_service``).
+        ConfigError: an address that cannot be served on (``common.process.listening_socket``).
     """
     from router.server import build_service
 
@@ -45,11 +46,7 @@ async def serve(cfg: DictConfig) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
         raise RouterConfigError(f"server.port must be a TCP port number (0 = any free one), got {port!r}")
     service = build_service(cfg)
-    try:
-        url = await service.start(cfg.server.host, port)
-    except OSError as exc:
-        raise RouterConfigError(f"cannot serve on {cfg.server.host}:{port} ({exc}); choose another "
-                                "server.host (an address of this machine) or server.port") from None
+    url = await service.start(cfg.server.host, port)  # an address in use: ConfigError, exit 2
     log.info("router (policy %s) serving on %s for %s", service.policy.name, url, ", ".join(service.instances))
     stop = asyncio.Event()
     got: list[int] = []

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -80,6 +79,7 @@ from router.service_config import SERVICE_OPTIONS, ServiceConfig
 from router.signals import KvEventSubscriber, KvHashTranslator, MetricsScraper
 from router.tokenize import Endpoint, PromptError, PromptTokenizer
 from router.upstream import UpstreamClient, UpstreamResponse
+from common.process import listening_socket
 from common.urls import engine_urls_problem, kv_event_endpoints_problem, normalize_engine_urls
 
 log = logging.getLogger(__name__)
@@ -275,24 +275,21 @@ class RouterService:
         """Bind ``host:port`` (0 = any free port), start the background tasks, then serve;
         returns the base URL.
 
-        The socket is bound first, so an address in use fails before any engine is
-        scraped or logged about; connections that arrive before serving starts wait in
-        the socket's backlog.
+        The socket is bound first (``common.process.listening_socket``), so an address in
+        use fails before any engine is scraped or logged about.
 
         Raises:
-            OSError: the address cannot be bound (in use, not an address of this machine).
+            ConfigError: the address cannot be bound (in use, not an address of this
+                machine), naming server.host and server.port.
         """
-        sock = None
+        sock = listening_socket(host, port, ("server.host", "server.port"))
         try:
-            family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-            sock = socket.create_server(address, family=family)  # SO_REUSEADDR on POSIX, as aiohttp's
             await self._on_startup()
             self._runner = web.ServerRunner(self.make_server())
             await self._runner.setup()
             await web.SockSite(self._runner, sock).start()
         except BaseException:
-            if sock is not None:
-                sock.close()
+            sock.close()
             if self._runner is not None:
                 await self.stop()
             else:  # the tasks and clients _on_startup may have started

@@ -266,3 +266,15 @@ def test_an_unknown_key_next_to_run_dir_is_one_line_naming_it():
 
     with pytest.raises(ConfigError, match="unknown config key 'trainer.iteratons'"):
         compose("train", ["run_dir=/tmp/x", "trainer.iteratons=3"], return_hydra_config=True)
+
+
+def test_the_readme_config_table_lists_every_option_of_each_group():
+    import re
+
+    from common.config import REPO_ROOT, group_options
+
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*?) \|", (REPO_ROOT / "README.md").read_text(),
+                                                       re.MULTILINE)}
+    for group in ("recipe", "router", "model", "engine"):
+        listed = set(re.findall(r"`([\w.-]+)`", rows[group]))
+        assert set(group_options(group)) <= listed, (group, sorted(set(group_options(group)) - listed))

@@ -92,3 +92,27 @@ def test_a_failure_at_run_time_exits_1_not_2():
         assert user_error_exit_code(failure) == EXIT_FAILURE
     for mistake in (EngineError("x"), ModelPrepareError("x")):
         assert user_error_exit_code(mistake) == EXIT_USAGE
+
+
+@pytest.mark.parametrize(("module", "key"), [("rl.train", "run_dir"), ("router.sim", "out_dir")])
+@pytest.mark.parametrize(("where", "expect"), [
+    ("file", "{file} is a file, not a folder"),
+    ("file/sub", "{file} is a file, not a folder"),
+    ("/proc/misa-rl-test", "cannot make /proc/misa-rl-test (No such file or directory)"),
+])
+def test_a_run_folder_that_cannot_be_made_is_one_error_line(module, key, where, expect, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    value = where if where.startswith("/") else str(tmp_path / where)
+    r = _run_in(tmp_path, module, f"{key}={value}")
+    assert r.returncode == EXIT_USAGE, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: {key}={value}: {expect.format(file=tmp_path / 'file')}"), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr + r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_learning_curve_refuses_a_run_folder_without_metrics_with_exit_2_and_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    r = _run_in(tmp_path, "bench.learning_curve", "--runs", str(tmp_path / "run"), "/nonexistent")
+    assert r.returncode == EXIT_USAGE, r.stderr
+    assert r.stderr == f"error: --runs {tmp_path / 'run'}: no metrics.jsonl (did the run finish?); give rl.train run folders\n"
+    assert r.stdout == ""

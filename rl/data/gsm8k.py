@@ -14,18 +14,15 @@ without ``datasets``, the error says to pass a JSONL path instead.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from common.config import HUB_ID
 from rl.data.arithmetic import ANSWER_FORMAT
 from rl.data.base import DataError, Prompt, user_prompt
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
-"""A hub dataset id: ``name`` or ``owner/name``."""
 
 DEFAULT_LOCATION = ("shared/data/gsm8k/ beside the repository (../shared/data/gsm8k/train.jsonl "
                     "for training, test.jsonl for evaluation)")

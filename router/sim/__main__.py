@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
-from common.config import RECIPES_DIR, Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from common.config import (RECIPES_DIR, Rule, check_values, hydra_entry, is_seed, is_text, number, or_null,
+                           register_user_error)
 from common.options import build_options
 from router.policies import canonical_policy_name, registered_policy_names
 from router.sim.errors import SimError, SimUnknownNameError
@@ -62,8 +63,8 @@ def _sweep(v) -> bool:
 # The values of recipes/sim.yaml, checked before any run starts (a bad one: exit status 2).
 VALUE_RULES: dict[str, Rule] = {
     "scale": (number(above=0, at_most=4), "a fraction of the paper-sized system in (0, 4], e.g. 0.25"),
-    "seeds": (lambda v: isinstance(v, list) and bool(v) and all(number(whole=True)(x) for x in v),
-              "a non-empty list of integer seeds, e.g. [0,1,2]"),
+    "seeds": (lambda v: isinstance(v, list) and bool(v) and all(is_seed(x) for x in v),
+              "a non-empty list of whole numbers >= 0, e.g. [0,1,2]"),
     "workers": (number(whole=True, at_least=1), "a whole number of processes >= 1"),
     "mixture": (_shares, "shares per workload class >= 0 with a positive sum, e.g. {agent: 48.6, rlvr: 33.1}"),
     "context_limit_tokens": (number(whole=True, at_least=1), "a whole number of tokens >= 1"),

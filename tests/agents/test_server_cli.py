@@ -38,3 +38,18 @@ def test_served_model_name_is_set_from_the_command_line():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "served_model_name: my-model" in r.stdout.splitlines()
+
+
+def test_a_port_in_use_is_one_error_line():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "agents.server", f"port={port}", "router_url=http://127.0.0.1:1"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: cannot serve on 127.0.0.1:{port}") and r.stderr.count("\n") == 1, r.stderr
+    assert "address already in use" in r.stderr.lower() and "choose another host" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout

@@ -217,3 +217,17 @@ def test_evaluation_that_scores_nothing_exits_1_after_writing_its_report(fake_mo
         run(cfg)
     assert user_error_exit_code(e.value) == 1  # a failure at run time, not a mistake in the command
     assert json.loads((out / "report.json").read_text())["benchmarks"]["gsm8k"]["num_errors"] == 1
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("seed=abc", "seed='abc' is invalid: give a whole number >= 0"),
+    ("seed=-3", "seed=-3 is invalid: give a whole number >= 0"),
+    ("eval.seed=-3", "eval.seed=-3: must be >= 0"),
+])
+def test_a_bad_seed_is_refused_before_anything_starts(override, expect):
+    from rl.eval import check_config
+
+    cfg = compose("eval", ["run_dir=runs/test", override])
+    with pytest.raises(ValueError) as e:  # ConfigError or EvalError: both exit 2
+        check_config(cfg)
+    assert str(e.value).startswith(expect)

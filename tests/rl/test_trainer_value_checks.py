@@ -26,6 +26,9 @@ from common.config import ConfigError, compose
     ("trainer.eval.problems=0", "trainer.eval.problems"),
     ("trainer.max_in_flight=abc", "trainer.max_in_flight='abc': give a whole number"),
     ("trainer.max_staleness=1.5", "trainer.max_staleness=1.5: give a whole number"),
+    ("trainer.max_in_flight=0", "^trainer.max_in_flight=0: give a whole number >= 1"),
+    ("trainer.max_in_flight=-3", "^trainer.max_in_flight=-3: give a whole number >= 1"),
+    ("trainer.max_staleness=-1", "^trainer.max_staleness=-1: give a whole number >= 0"),
 ])
 def test_a_bad_numeric_trainer_value_is_refused_before_start(override, key):
     from rl.train import validate_trainer_cfg
@@ -64,3 +67,54 @@ def test_rl_train_refuses_group_size_zero_with_exit_2_and_no_run_folder(tmp_path
     assert r.returncode == 2, r.stderr
     assert "trainer.group_size.rlvr" in r.stderr and "Traceback" not in r.stderr
     assert "run folder" not in r.stdout and not run_dir.exists()
+
+
+@pytest.mark.parametrize("seed, shown", [("abc", "'abc'"), ("-1", "-1"), ("1.5", "1.5"), ("true", "True")])
+def test_a_seed_that_is_not_a_whole_number_from_0_is_refused_before_start(seed, shown):
+    from rl.train import validate_job_cfg
+
+    with pytest.raises(ConfigError, match=rf"^seed={shown} is invalid: give a whole number >= 0"):
+        validate_job_cfg(compose("train", ["run_dir=runs/test", f"seed={seed}"]))
+
+
+def test_rl_compare_refuses_a_bad_seed_before_the_first_run():
+    from rl.compare import check_train_runs
+
+    with pytest.raises(ConfigError, match=r"^seed=-1 is invalid"):
+        check_train_runs({"vllm": ["router=vllm", "seed=-1", "run_dir=runs/test/vllm"]})
+
+
+def test_rl_train_refuses_seed_abc_with_exit_2_and_no_run_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from common.config import REPO_ROOT
+
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rl.train", f"run_dir={run_dir}", "seed=abc"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "error: seed='abc' is invalid: give a whole number >= 0, e.g. seed=0.\n"
+    assert "run folder" not in r.stdout and not run_dir.exists()
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("trainer.rho=abc", "trainer.rho: the target mixture must map each workload class to a weight, "
+                        "e.g. {agent: 48.6, rlvr: 33.1, rlhf: 18.2}; got 'abc'"),
+    ("~trainer.rho", "trainer.rho: the target mixture must map each workload class to a weight"),
+    ("trainer.rho.rlvr=abc", "trainer.rho: the weight of class 'rlvr' is 'abc': give a number >= 0"),
+    ("+trainer.rho.unknownclass=1", "trainer.rho: workload classes ['unknownclass'] have a positive target "
+                                    "share but no prompt sources"),
+])
+def test_a_bad_target_mixture_is_refused_before_start(override, expect):
+    from rl.train import validate_trainer_cfg
+
+    with pytest.raises(ConfigError) as e:
+        validate_trainer_cfg(compose("train", ["run_dir=runs/test", override]).trainer)
+    assert str(e.value).startswith(expect), e.value
+
+
+def test_a_class_without_sources_is_allowed_at_weight_0():
+    from rl.train import validate_trainer_cfg
+
+    validate_trainer_cfg(compose("train", ["run_dir=runs/test", "+trainer.rho.unknownclass=0"]).trainer)

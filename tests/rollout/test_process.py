@@ -144,6 +144,8 @@ def test_cpu_cores_are_split_between_engines():
     ("enforce_eager", "yes", "true or false"),
     ("block_size", 0, ">= 1, or null"),
     ("request_timeout_s", 0, "seconds > 0, or null"),
+    ("seed", -1, "whole number >= 0"),
+    ("seed", "abc", "whole number >= 0"),
 ])
 def test_bad_engine_values_are_refused_with_the_key_named(train_cfg, key, value, hint):
     from omegaconf import OmegaConf
