@@ -1,24 +1,26 @@
 """Routers on real vLLM engines, and the simulator checked against them (one command).
 
-    .venv/bin/python -m bench.router_real                  # 10 min per router (~90 min with start-up and calibration)
-    .venv/bin/python -m bench.router_real --minutes 4      # shorter, noisier
+    .venv/bin/python -m bench.router_real                  # 3 seeds x 6 routers x 3 min (~65 min in all)
+    .venv/bin/python -m bench.router_real --seeds 0 --minutes 2   # one seed, shorter, noisier (~15 min)
 
-What it does, in one run and one folder (``runs/bench/router-real-<time>/``):
+What it does, in one run and one folder (``runs/bench/router-real-<time>/``, one
+``seed-<n>/`` per seed and the table over seeds in ``summary.md`` / ``summary.json``):
 
 1. Starts 2 real vLLM CPU engines with the packaged model (one core each) and a KV cache
    of ``--kv-tokens`` tokens per engine, small enough that the mixed workload overflows it
    at the permissive ceiling.
 2. Calibrates the simulator's step-cost profile on those engines
    (:mod:`router.sim.calibrate`, fitted by :func:`router.sim.cost_model.fit_linear_step_cost`).
-3. Generates one mixed trace with the shape of ``router/sim/`` scaled to what 2 cores serve
+3. Generates, per seed, one mixed trace with the shape of ``router/sim/`` scaled to what 2 cores serve
    (:func:`cpu_classes`): agent sessions with growing prefixes, short outputs and tool gaps;
    rlvr with long decodes; rlhf in between; GRPO groups of 4.
 4. Replays it (:mod:`router.replay`: a trainer-like client releasing whole groups at the
    target mixture under an outer concurrency ceiling, counting complete units) through, in
-   turn: the real ``vllm-router`` (cache_aware) at each ceiling of ``--sweep`` (the best is the
-   baseline), the real ``vllm-router`` at the permissive ``--ceiling``, and our
-   ``round_robin``, ``session_admission``, ``misa``, ``misa_t`` at that ceiling. Between runs the
-   engines' prefix caches are reset and each router is started fresh.
+   turn: the real ``vllm-router`` (cache_aware, its command-line default thresholds, as
+   ``recipes/router/vllm.yaml`` launches it) at each ceiling of ``--sweep`` (the best is the
+   baseline), the real ``vllm-router`` at the permissive ``--ceiling``, and our ``--policies``
+   (default ``misa_t``, ``kv_horizon``) at that ceiling. Between runs the engines' prefix
+   caches are reset and each router is started fresh.
 5. Replays the same trace in the simulator with the calibrated profile, the engines' real
    KV size and block size and the same policies and ceilings, and reports its error per figure.
 
@@ -26,8 +28,13 @@ Figures per router (window: first unit completion to the end of the run, as the 
 defines it with warmup_frac=0): complete samples/min, requests/min, prefix hit rate (the
 engines' own counters), prefill tok/s (prompt tokens of finished requests, hits included)
 and computed prefill tok/s (engine prompt tokens - hits), decode tok/s (engine counter),
-consumed mixture and TV distance, per-class p50/p95 unit completion time; ratios to the
-sweep-tuned baseline. Output: ``results.json``, ``table.md``, ``router_real.png``,
+consumed mixture and TV distance, per-class p50/p95 unit completion time, the composition
+of completed samples (output tokens/min, length-adjusted samples/min, decode tokens per
+sample), and the regime (:func:`regime`: sessions and running requests per engine, KV usage,
+the share of time every class cap is above 1); ratios to the sweep-tuned baseline. Over
+seeds (``summary.md``): each router's change against the sweep point with the best mean,
+mean ± std, the regime, and the simulator mimic's error against the real router per sweep
+point. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
 ``kv_usage.png``, each run's engine/router logs and its recorded trace (JSONL, replayable
 with ``python -m router.sim trace=...``).
 
@@ -42,6 +49,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import statistics
 import sys
 import time
 from datetime import datetime
@@ -65,6 +73,7 @@ from router.sim.calibrate import measure_step_samples
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
+from router.sim.experiments import aggregate, best_sweep_label, headline, table5_markdown
 from router.sim.simulator import SignalConfig, SimConfig, Simulation
 from router.sim.trace import read_trace, write_trace
 from router.sim.workload import ClassSpec, LengthDist, WorkloadConfig, generate_trace
@@ -82,13 +91,16 @@ def cpu_classes(context_limit_tokens: int, tool_gap_share: float) -> dict[str, C
     48K / 131K), which keeps the shape: agent = long growing prefixes with short outputs,
     rlvr = short prompts with long decode tails, rlhf in between. Tool gaps take
     ``tool_gap_share`` of an agent session's time (a sandbox command on this machine takes
-    about as long as a model turn; Table 3 has 6.6-23%).
+    about as long as a model turn; Table 3 has 6.6-23%). The agent system prompt (the class
+    prefix every agent session shares) is 200 tokens against the task prompt's p50 of 100:
+    2/3 of a median first-turn prompt, the share ``paper_classes`` assumes (3,000 of 4,500),
+    so the real vLLM Router's text tree sees the structure the simulator's mimic sees.
     """
     cap = context_limit_tokens
     return {
         "agent": ClassSpec(
             prompt=LengthDist(100, 250, 32, cap // 4), output=LengthDist(16, 64, 1, 256), group_size=4,
-            turns="multi", input_p50=600, input_p95=1500, turns_mean=5.0, class_prefix_tokens=128,
+            turns="multi", input_p50=600, input_p95=1500, turns_mean=5.0, class_prefix_tokens=200,
             tool_gap_share=tool_gap_share, turn_time_hint_s=2.0,
         ),
         "rlhf": ClassSpec(prompt=LengthDist(60, 200, 8, 512), output=LengthDist(80, 250, 1, cap), group_size=4),
@@ -181,6 +193,107 @@ def _rel(v: float | None, b: float | None) -> str:
 
 def _err(sim: float, real: float) -> float | None:
     return (sim - real) / real if real else None
+
+
+def regime(timeline: list[dict], instances: int, window: tuple[float, float]) -> dict:
+    """Whether a run is in the regime where admission matters (the baseline issue's item 5).
+
+    Args:
+        timeline: the replay's samples (``in_flight_units``, per-engine ``running`` and
+            ``kv_usage``; with our router also ``caps``: ``caps.<instance>.<class>`` per
+            instance and class, as :func:`router.sim.metrics.policy_caps` flattens them).
+        instances: engines behind the router.
+        window: the measurement window (s); samples outside it are left out (all are used
+            when none falls inside).
+
+    Returns:
+        ``sessions_per_engine`` (units in flight, tool gaps included, per engine, mean),
+        ``running_per_engine`` (requests the engines run, mean), ``kv_usage`` (mean over
+        engines and samples, 0-1), ``class_caps_above_1`` (share of samples in which every
+        class cap of every instance is above 1; ``None`` for a router that publishes no class
+        caps, e.g. the real vLLM Router or kv_horizon) and ``samples``.
+    """
+    pts = [p for p in timeline if window[0] <= p["t_s"] <= window[1]] or list(timeline)
+    if not pts:
+        return {"sessions_per_engine": 0.0, "running_per_engine": 0.0, "kv_usage": 0.0,
+                "class_caps_above_1": None, "samples": 0}
+    with_caps = []
+    for p in pts:
+        caps = [v for k, v in (p.get("caps") or {}).items()
+                if k.startswith("caps.") and k.rsplit(".", 1)[1] in MIXTURE]
+        if caps:
+            with_caps.append(min(caps) > 1)
+    return {
+        "sessions_per_engine": statistics.fmean(p["in_flight_units"] for p in pts) / instances,
+        "running_per_engine": statistics.fmean(sum(p["running"]) for p in pts) / instances,
+        "kv_usage": statistics.fmean(statistics.fmean(p["kv_usage"]) for p in pts),
+        "class_caps_above_1": sum(with_caps) / len(with_caps) if with_caps else None,
+        "samples": len(pts),
+    }
+
+
+def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float) -> str:
+    """The table over seeds: each router's change against the sweep-tuned real vLLM Router
+    (the sweep point with the best mean samples/min over seeds, as the simulator's Table 5
+    picks it: :func:`router.sim.experiments.best_sweep_label`), mean ± spread; the regime
+    figures; and the simulator mimic's error against the real router per sweep point.
+    Writes ``summary.md`` and ``summary.json`` in ``out``; returns the markdown."""
+    real = [{"label": r["label"], "policy": r["policy"], "ceiling": r["ceiling"], "tags": [], "summary": r["real"]}
+            for _, results in per_seed for r in results]
+    agg = aggregate(real)
+    first = per_seed[0][1]
+    order = [r["label"] for r in first]
+    sweep = [r["label"] for r in first if r["sweep"]] or order[:1]
+    base = best_sweep_label(agg, sweep)
+    seeds = [s for s, _ in per_seed]
+    lines = [f"# Routers on 2 real vLLM CPU engines: {len(seeds)} seed(s) {seeds}, {minutes:g} min per router", "",
+             table5_markdown(agg, base, order, f"Real engines, change vs {base} (sweep-tuned), mean ± std over seeds"),
+             "", "### Regime (means over seeds)", "",
+             "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
+             "|---|---|---|---|---|---|"]
+    regimes: dict[str, list[dict]] = {}
+    for _, results in per_seed:
+        for r in results:
+            regimes.setdefault(r["label"], []).append(r["regime"])
+    for label in order:
+        rg = regimes[label]
+        caps = [g["class_caps_above_1"] for g in rg if g["class_caps_above_1"] is not None]
+        lines.append(f"| {label} | {statistics.fmean(g['sessions_per_engine'] for g in rg):.1f} | "
+                     f"{statistics.fmean(g['running_per_engine'] for g in rg):.1f} | "
+                     f"{statistics.fmean(g['kv_usage'] for g in rg):.2f} | "
+                     + (f"{statistics.fmean(caps):.0%} of the time" if caps else "n/a (no class caps)")
+                     + f" | {agg[label]['preemptions']:.0f} |")
+    lines += ["", "### The simulator's vllm_router mimic against the real vLLM Router, per sweep point", "",
+              "Error = simulator − real, per seed then mean ± std. Goal (baseline issue): hit rate within "
+              "3 points, samples/min within 10%.", "",
+              "| sweep point | hit real | hit sim | hit error (points) | samples/min real | sim | error |",
+              "|---|---|---|---|---|---|---|"]
+    mimic: dict[str, dict] = {}
+    for label in sweep + [r["label"] for r in first if r["impl"] == "vllm" and not r["sweep"]]:
+        rows = [r for _, results in per_seed for r in results if r["label"] == label and "sim" in r]
+        if not rows:
+            continue
+        hit_err = [100 * (r["sim"]["prefix_hit_rate"] - r["real"]["prefix_hit_rate"]) for r in rows]
+        spm_err = [100 * _err(r["sim"]["samples_per_min"], r["real"]["samples_per_min"]) for r in rows
+                   if r["real"]["samples_per_min"]]
+
+        def ms(v: list[float]) -> str:
+            return f"{statistics.fmean(v):+.1f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.1f}" if v else "n/a"
+
+        mimic[label] = {"hit_error_points": hit_err, "samples_per_min_error_pct": spm_err}
+        lines.append(f"| {label} | {statistics.fmean(r['real']['prefix_hit_rate'] for r in rows):.1%} | "
+                     f"{statistics.fmean(r['sim']['prefix_hit_rate'] for r in rows):.1%} | {ms(hit_err)} | "
+                     f"{statistics.fmean(r['real']['samples_per_min'] for r in rows):.2f} | "
+                     f"{statistics.fmean(r['sim']['samples_per_min'] for r in rows):.2f} | {ms(spm_err)}% |")
+    heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
+    lines += ["", *heads, ""]
+    text = "\n".join(lines)
+    (out / "summary.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps({"seeds": seeds, "baseline": base, "aggregate": agg,
+                                                  "regime": regimes, "mimic_error": mimic, "headlines": heads},
+                                                 indent=1))
+    Console(width=160).print(text)
+    return text
 
 
 def report(results: list[dict], base_label: str, out: Path, minutes: float) -> str:
@@ -280,13 +393,13 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def _parse_ints(text: str, what: str) -> list[int]:
+def _parse_ints(text: str, what: str, minimum: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise usage_error(f"{what}: expected comma-separated integers like 8,16,32, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise usage_error(f"{what}: expected positive integers like 8,16,32, got {text!r}")
+    if not values or any(v < minimum for v in values):
+        raise usage_error(f"{what}: expected integers >= {minimum} like 8,16,32, got {text!r}")
     return values
 
 
@@ -313,28 +426,38 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
-    parser.add_argument("--minutes", type=float, default=10.0, help="wall time per router run")
-    parser.add_argument("--sweep", default="4,8,16", help="vllm-router ceilings (units in flight) to sweep")
-    parser.add_argument("--ceiling", type=int, default=32, help="the common permissive ceiling")
-    parser.add_argument("--policies", default="round_robin,session_admission,misa,misa_t",
+    parser.add_argument("--minutes", type=float, default=3.0, help="wall time per router run")
+    parser.add_argument("--sweep", default="16,32,64,96", help="vllm-router ceilings (units in flight) to sweep")
+    parser.add_argument("--ceiling", type=int, default=96, help="the common permissive ceiling")
+    parser.add_argument("--policies", default="misa_t,kv_horizon",
                         help="our policies to run at the permissive ceiling")
-    parser.add_argument("--kv-tokens", type=int, default=4096, help="KV cache per engine, tokens")
+    parser.add_argument("--kv-tokens", type=int, default=8192, help="KV cache per engine, tokens")
     parser.add_argument("--max-model-len", type=int, default=2048, help="engine context limit, tokens")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine per-step token budget")
     parser.add_argument("--tool-gap-share", type=float, default=0.25, help="tool time / agent session time")
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
-    parser.add_argument("--seed", type=int, default=0, help="trace generator seed")
+    parser.add_argument("--seeds", default="0,1,2", help="trace generator seeds, comma-separated: each seed replays "
+                        "its own trace through every router (in seed-<n>/), engines started and calibrated once")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
                              "current simulator (its real figures, trace and measured steps are kept)")
     args = parser.parse_args()
     if args.resimulate is not None:
-        results, base, minutes = resimulate(args.resimulate)
-        report(results, base, args.resimulate, minutes)
+        seed_dirs = sorted(p for p in args.resimulate.glob("seed-*") if p.is_dir())
+        per_seed, minutes = [], 0.0
+        for d in seed_dirs or [args.resimulate]:
+            results, base, minutes = resimulate(d)
+            report(results, base, d, minutes)
+            per_seed.append((int(d.name.removeprefix("seed-")) if seed_dirs else 0, results))
+        if seed_dirs:
+            summarize_seeds(per_seed, args.resimulate, minutes)
         print(f"results: {args.resimulate}")
         return
     _check_args(args)
+    seeds = _parse_ints(args.seeds, "--seeds", minimum=0)
+    if len(set(seeds)) != len(seeds):
+        raise usage_error(f"--seeds: each seed once, got {args.seeds!r}")
     sweep = _parse_ints(args.sweep, "--sweep")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in registered_policy_names()]
@@ -350,19 +473,27 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stop_on_sigterm()
     try:
-        results, base = run_benchmark(args, runs, out)
+        done = run_benchmark(args, runs, seeds, out)
     except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or SIGTERM via stop_on_sigterm
         print(f"interrupted; every process started was stopped; partial results in {out}", file=sys.stderr)
         raise SystemExit(e.code if isinstance(e, SystemExit) else 130) from None
     except (EngineError, ProcessStartError, ReplayError, SimError) as e:
         print(f"bench.router_real failed: {e}\nlogs: {out}", file=sys.stderr)
         raise SystemExit(1) from None
-    report(results, base, out, args.minutes)
+    for seed, results, base in done:
+        report(results, base, out / f"seed-{seed}", args.minutes)
+    summarize_seeds([(seed, results) for seed, results, _ in done], out, args.minutes)
     print(f"results: {out}")
 
 
-def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) -> tuple[list[dict], str]:
-    """Engines up, calibrate, replay through every router, simulate; returns (results, baseline label)."""
+def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[int],
+                  out: Path) -> list[tuple[int, list[dict], str]]:
+    """Engines up, calibrate once, then per seed (its own trace, in ``out/seed-<n>/``) replay
+    through every router; the simulator half runs after the engines stopped.
+
+    Returns:
+        ``[(seed, results, baseline label)]``.
+    """
     from transformers import AutoTokenizer
 
     model_cfg = OmegaConf.load(RECIPES / "model" / "smollm2-135m.yaml")
@@ -373,11 +504,14 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) ->
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")
     ecfg.kv_cache_space_gib = args.kv_tokens * per_token / 2**30
     ecfg.max_num_batched_tokens = args.max_num_batched_tokens
-    trace = generate_trace(WorkloadConfig(
-        units=args.units, pool_mixture=dict(MIXTURE), context_limit_tokens=args.max_model_len - 64,
-        classes=cpu_classes(args.max_model_len - 64, args.tool_gap_share), seed=args.seed))
-    write_trace(trace, out / "trace.jsonl")
-    results: list[dict] = []
+    traces = {}
+    for seed in seeds:
+        (out / f"seed-{seed}").mkdir(exist_ok=True)
+        traces[seed] = generate_trace(WorkloadConfig(
+            units=args.units, pool_mixture=dict(MIXTURE), context_limit_tokens=args.max_model_len - 64,
+            classes=cpu_classes(args.max_model_len - 64, args.tool_gap_share), seed=seed))
+        write_trace(traces[seed], out / f"seed-{seed}" / "trace.jsonl")
+    per_seed: list[tuple[int, list[dict]]] = []
     print(f"starting 2 vLLM CPU engines ({args.kv_tokens} KV tokens each); logs in {out}", file=sys.stderr)
     with EnginePool.start(ecfg, str(model_path), served, args.max_model_len, str(model_cfg.dtype), out) as pool:
         urls = pool.urls
@@ -387,33 +521,50 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], out: Path) ->
         calibration = {"samples": [dataclasses.asdict(s) for s in samples],
                        "profile": dataclasses.asdict(fit_linear_step_cost(samples)), "engines": info}
         (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
-        for run in runs:
-            asyncio.run(_engines_idle(urls, 300))
-            asyncio.run(_reset_prefix_caches(urls))
-            run_dir = out / run.label.replace(" ", "_").replace("=", "")
-            run_dir.mkdir(exist_ok=True)
-            router = start_router(run.router_cfg(), urls, [e for e in pool.kv_events_endpoints if e],
-                                  str(model_path), run_dir)
-            bar = tqdm(total=int(args.minutes * 60), desc=run.label, unit="s", file=sys.stderr)
-            try:
-                def progress(elapsed: float, done: int) -> None:
-                    bar.n = min(int(elapsed), bar.total)
-                    bar.set_postfix(units=done, refresh=False)
-                    bar.refresh()
+        for seed in seeds:
+            sdir = out / f"seed-{seed}"
+            results: list[dict] = []
+            per_seed.append((seed, results))
+            for run in runs:
+                asyncio.run(_engines_idle(urls, 300))
+                asyncio.run(_reset_prefix_caches(urls))
+                run_dir = sdir / run.label.replace(" ", "_").replace("=", "")
+                run_dir.mkdir(exist_ok=True)
+                router = start_router(run.router_cfg(), urls, [e for e in pool.kv_events_endpoints if e],
+                                      str(model_path), run_dir)
+                # A bar on a terminal; into a log one plain line per finished run (no redraws).
+                bar = tqdm(total=int(args.minutes * 60), desc=f"seed {seed} {run.label}", unit="s", file=sys.stderr,
+                           disable=not sys.stderr.isatty())
+                try:
+                    def progress(elapsed: float, done: int) -> None:
+                        bar.n = min(int(elapsed), bar.total)
+                        bar.set_postfix(units=done, refresh=False)
+                        bar.refresh()
 
-                res = replay(router.url, served, trace, MIXTURE, run.ceiling, args.minutes * 60, text, urls,
-                             progress=progress, router_state=run.impl == "ours")
-            finally:
-                bar.close()
-                router.stop()
-            write_trace(res.recorded_trace(), run_dir / "recorded_trace.jsonl")
-            (run_dir / "errors.txt").write_text("\n".join(res.errors))
-            results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
-                            "sweep": run.sweep, "real": res.summary, "errors": res.errors, "timeline": res.timeline})
-            (out / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results}, indent=1))
-    simulate(results, runs, trace, calibration, len(urls), args.max_num_batched_tokens, int(ecfg.max_num_seqs),
-             args.max_model_len, args.minutes, args.seed)
-    return results, _save(out, results, calibration, {k: str(v) for k, v in vars(args).items()})
+                    res = replay(router.url, served, traces[seed], MIXTURE, run.ceiling, args.minutes * 60, text,
+                                 urls, progress=progress, router_state=run.impl == "ours")
+                finally:
+                    bar.close()
+                    router.stop()
+                if not sys.stderr.isatty():
+                    print(f"seed {seed} {run.label}: {res.summary['samples_per_min']:.2f} samples/min, prefix hit "
+                          f"{res.summary['prefix_hit_rate']:.1%}, {res.summary['preemptions']} preemptions",
+                          file=sys.stderr, flush=True)
+                write_trace(res.recorded_trace(), run_dir / "recorded_trace.jsonl")
+                (run_dir / "errors.txt").write_text("\n".join(res.errors))
+                results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
+                                "sweep": run.sweep, "real": res.summary, "errors": res.errors,
+                                "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
+                                "timeline": res.timeline})
+                (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},
+                                                              indent=1))
+    done = []
+    for seed, results in per_seed:
+        simulate(results, runs, traces[seed], calibration, len(urls), args.max_num_batched_tokens,
+                 int(ecfg.max_num_seqs), args.max_model_len, args.minutes, seed)
+        seed_args = {k: str(v) for k, v in vars(args).items() if k != "seeds"} | {"seed": str(seed)}
+        done.append((seed, results, _save(out / f"seed-{seed}", results, calibration, seed_args)))
+    return done
 
 
 def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dict, instances: int,
@@ -425,7 +576,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
     info = calibration["engines"]
     sim_cfg = EngineConfig(num_blocks=info["num_blocks"], block_size=info["block_size"],
                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    for r, run in zip(tqdm(results, desc="simulator replay", file=sys.stderr), runs):
+    for r, run in zip(tqdm(results, desc="simulator replay", file=sys.stderr, disable=not sys.stderr.isatty()), runs):
         cfg = SimConfig(instances=instances, engine=sim_cfg, cost=cost, mixture=dict(MIXTURE), ceiling=run.ceiling,
                         signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
                         context_limit_tokens=max_model_len, warmup_frac=0.0, horizon_s=minutes * 60, seed=seed)
@@ -442,7 +593,7 @@ def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> str:
 
 
 def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
-    """Redo the simulator half of a finished benchmark in ``run_dir`` with the current
+    """Redo the simulator half of one seed's finished benchmark in ``run_dir`` with the current
     simulator, profile fit and policy settings (its real figures, trace and measured steps
     are kept), e.g. after a change to the simulator.
 
@@ -450,7 +601,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
         (results, baseline label, minutes per run).
 
     Raises:
-        SystemExit: ``run_dir`` is not a finished ``bench.router_real`` run folder.
+        SystemExit: ``run_dir`` is not a finished ``bench.router_real`` seed folder.
     """
     want = "give the folder of a finished python -m bench.router_real run (results.json, trace.jsonl)"
     for name in ("results.json", "trace.jsonl"):
@@ -468,6 +619,10 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
         raise usage_error(f"--resimulate {run_dir}: not a finished run's results ({what}); {want}") from None
     runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"])) for r in results]
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
+    for r in results:  # runs saved before the regime figures existed get them from their timeline
+        if "regime" not in r:
+            r["regime"] = regime(r.get("timeline") or [], int(ecfg.num_engines),
+                                 tuple(r["real"].get("window_s") or (0.0, math.inf)))
     simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,
              minutes, seed)
     return results, _save(run_dir, results, calibration, args), minutes

@@ -41,7 +41,7 @@ import numpy as np
 from router.headers import SessionHeaders
 from router.policies.base import InstanceMetrics
 from router.signals import parse_engine_metrics
-from router.sim.metrics import policy_caps, unit_figures
+from router.sim.metrics import composition, policy_caps, unit_figures, unit_output_tokens
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
 
@@ -164,8 +164,12 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
         samples_per_min, requests_per_min, prefix_hit_rate (engine counters), prefill_tok_s
         (prompt tokens of requests finished in the window, hits included), computed_prefill_tok_s
         (engine prompt tokens minus prefix hits), decode_tok_s (engine generated tokens),
-        consumed_mixture, tv_distance, completion_s {class: {p50, p95}}, preemptions,
+        consumed_mixture, tv_distance, completion_s {class: {p50, p95}}, composition
+        (:func:`router.sim.metrics.composition`: decode tokens per completed sample, completed
+        vs released length quantiles, per class and total), output_tokens_per_min,
+        length_adjusted_samples_per_min, decode_tokens_per_sample, preemptions,
         units_released / units_completed / units_failed, requests_finished, window_s.
+        A unit's output tokens are its trace's (each request asks for exactly that many).
     """
     t0, t1 = window
     dur = max(t1 - t0, 1e-9)
@@ -177,6 +181,8 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
     queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
     in_win = [r for r in requests if t0 <= r.finish_s <= t1]
     units = unit_figures(trainer.units.values(), trainer.rho, t0, t1)
+    out_tokens = {s.unit_id: unit_output_tokens(s, None) for s in trainer.sessions}
+    comp = composition(trainer.units.values(), out_tokens, t0, t1)
     return {
         "window_s": [t0, t1],
         "samples_per_min": units["samples_per_min"],
@@ -188,6 +194,10 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
         "consumed_mixture": units["consumed_mixture"],
         "tv_distance": units["tv_distance"],
         "completion_s": units["completion_s"],
+        "composition": comp,
+        "output_tokens_per_min": comp["total"]["output_tokens_per_min"],
+        "length_adjusted_samples_per_min": comp["total"]["length_adjusted_samples_per_min"],
+        "decode_tokens_per_sample": comp["total"]["decode_tokens_per_sample"],
         "preemptions": int(delta("num_preemptions_total")),
         "units_released": sum(trainer.released.values()),
         "units_completed": sum(trainer.completed.values()),

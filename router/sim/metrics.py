@@ -139,9 +139,12 @@ def unit_figures(units: Iterable, rho: Mapping[str, float], t0: float, t1: float
     }
 
 
-def unit_output_tokens(session, context_limit_tokens: int) -> int:
+def unit_output_tokens(session, context_limit_tokens: int | None) -> int:
     """Decode tokens a unit generates when it completes: each request's output clipped at
-    the context limit (max_tokens = limit - prompt, as the simulator sends them)."""
+    the context limit (max_tokens = limit - prompt, as the simulator sends them); ``None``:
+    no clipping (a real replay asks for exactly the trace's output of each request)."""
+    if context_limit_tokens is None:
+        return sum(max(1, r.output_tokens) for r in session.requests)
     return sum(max(1, min(r.output_tokens, context_limit_tokens - r.prompt_tokens)) for r in session.requests)
 
 

@@ -139,3 +139,25 @@ def test_window_summary_counts_only_units_completed_in_the_window():
     assert s["prefix_hit_rate"] == pytest.approx(0.5)
     assert s["decode_tok_s"] == pytest.approx(20.0)
     assert s["completion_s"]["rlvr"]["p50"] == pytest.approx(5.0)
+
+
+def test_window_summary_reports_the_composition_of_completed_against_released_units():
+    """Hand-computed: units of 7 and 300 output tokens released, only the short one completes
+    in a 60 s window: 7 tokens per completed sample against a released mean of 153.5, 7
+    output tokens/min, 7 / 153.5 length-adjusted samples/min."""
+    from router.policies.base import InstanceMetrics
+
+    short, long_ = _rlvr("r0", "g0"), _rlvr("r1", "g1")
+    long_.requests[0].output_tokens = 300
+    short.requests[0].output_tokens = 7
+    trainer = Trainer([short, long_], {"rlvr": 1}, ceiling=2)
+    trainer.release(0.0)
+    trainer.complete("r0", 10.0)
+    c = [InstanceMetrics()]
+    s = window_summary(trainer, [], (0.0, 60.0), (c, c))
+    total = s["composition"]["total"]
+    assert total["decode_tokens_per_sample"] == s["decode_tokens_per_sample"] == 7
+    assert total["released_decode_tokens_per_sample"] == pytest.approx(153.5)
+    assert s["output_tokens_per_min"] == pytest.approx(7.0)
+    assert s["length_adjusted_samples_per_min"] == pytest.approx(7 / 153.5)
+    assert s["samples_per_min"] == pytest.approx(1.0)

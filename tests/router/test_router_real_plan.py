@@ -49,6 +49,8 @@ def test_cpu_workload_keeps_the_paper_shape():
     (["--minutes", "0"], "--minutes must be a positive number"),
     (["--minutes", "nan"], "--minutes must be a positive number"),
     (["--kv-tokens", "1024"], "--kv-tokens 1024 is below --max-model-len 2048"),
+    (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
+    (["--seeds", "1,1"], "--seeds: each seed once"),
 ])
 def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     p = subprocess.run([sys.executable, "-m", "bench.router_real", *args], cwd=REPO_ROOT, capture_output=True,
@@ -70,7 +72,8 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     write_trace(trace, tmp_path / "trace.jsonl")
     real = {"samples_per_min": 10.0, "requests_per_min": 40.0, "prefix_hit_rate": 0.5, "prefill_tok_s": 400.0,
             "decode_tok_s": 40.0, "consumed_mixture": dict.fromkeys(MIXTURE, 1 / 3), "tv_distance": 0.1,
-            "completion_s": {}, "preemptions": 0}
+            "completion_s": {}, "preemptions": 0, "output_tokens_per_min": 900.0,
+            "length_adjusted_samples_per_min": 9.0, "decode_tokens_per_sample": 90.0, "window_s": [0.0, 30.0]}
     runs = [{"label": "vllm-router c=4", "impl": "vllm", "policy": "cache_aware", "ceiling": 4, "sweep": True,
              "real": real, "errors": [], "timeline": [], "sim": {"samples_per_min": -1.0}},
             {"label": "misa_t c=8", "impl": "ours", "policy": "misa_t", "ceiling": 8, "sweep": False,
@@ -85,11 +88,27 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
+    assert "\r" not in run.stderr  # into a pipe or log: no progress-bar redraws
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["baseline"] == "vllm-router c=4" and saved["calibration"]["profile"]["c0_s"] > 0
     assert all(r["sim"]["samples_per_min"] > 0 for r in saved["runs"])
     assert "Simulator vs real" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "router_real.png").exists()
+
+    # A run of several seeds: each seed folder is redone, then the table over seeds.
+    import shutil
+
+    for seed in (0, 1):
+        (tmp_path / "multi" / f"seed-{seed}").mkdir(parents=True)
+        for name in ("results.json", "trace.jsonl"):
+            shutil.copy(tmp_path / name, tmp_path / "multi" / f"seed-{seed}" / name)
+    multi = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "multi")],
+                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert multi.returncode == 0, multi.stderr
+    summary = (tmp_path / "multi" / "summary.md").read_text()
+    assert "2 seed(s) [0, 1]" in summary and "vllm-router c=4 | " in summary
+    assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +0.0% ± 0.0 samples/min" in summary
+    assert json.loads((tmp_path / "multi" / "summary.json").read_text())["baseline"] == "vllm-router c=4"
 
     bad = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
@@ -97,3 +116,31 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     md = (tmp_path / "table.md").read_text().split("## Simulator vs real")[1].strip().splitlines()
     assert len({line.count("|") for line in md}) == 1  # header, separator and rows have the same cells
     assert "Traceback" not in bad.stderr
+
+
+def test_regime_figures_from_a_hand_made_timeline():
+    """Sessions and running requests per engine, KV usage, and the share of samples in which
+    every class cap of every instance is above 1 (the 'all' total and other instances' keys
+    with dots in their names do not confuse it); a router without class caps gets None."""
+    from bench.router_real import regime
+
+    def point(t, in_flight, running, kv, caps=None):
+        p = {"t_s": t, "in_flight_units": in_flight, "running": running, "kv_usage": kv}
+        if caps is not None:
+            p["caps"] = caps
+        return p
+
+    w = "http://127.0.0.1:8001"
+    ok = {f"caps.{w}.all": 9, f"caps.{w}.agent": 4, f"caps.{w}.rlvr": 3, f"caps.{w}.rlhf": 2}
+    floor = {**ok, f"caps.{w}.rlhf": 1}
+    timeline = [point(0.0, 100, [50, 50], [1.0, 1.0], ok),  # before the window: left out
+                point(10.0, 16, [6, 4], [0.5, 0.7], ok), point(20.0, 24, [8, 6], [0.9, 0.9], floor),
+                point(30.0, 20, [7, 5], [0.6, 0.8], ok), point(40.0, 20, [7, 5], [0.6, 0.8], ok)]
+    g = regime(timeline, 2, (5.0, 40.0))
+    assert g["samples"] == 4
+    assert g["sessions_per_engine"] == pytest.approx((16 + 24 + 20 + 20) / 4 / 2)
+    assert g["running_per_engine"] == pytest.approx((10 + 14 + 12 + 12) / 4 / 2)
+    assert g["kv_usage"] == pytest.approx((0.6 + 0.9 + 0.7 + 0.7) / 4)
+    assert g["class_caps_above_1"] == pytest.approx(3 / 4)
+    no_caps = regime([point(10.0, 8, [2, 2], [0.1, 0.1])], 2, (0.0, 60.0))
+    assert no_caps["class_caps_above_1"] is None and no_caps["sessions_per_engine"] == 4

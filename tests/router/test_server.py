@@ -378,8 +378,14 @@ def test_every_router_recipe_names_a_policy_and_impl():
     assert set(recipes) == {"misa-t", "misa", "session-admission", "cache-aware", "round-robin", "vllm",
                             "kv-horizon"}
     assert all(r.impl == ("vllm" if name == "vllm" else "ours") for name, r in recipes.items())
+    # The real vLLM Router is launched as a user launches it without flags: the thresholds the
+    # simulator's mimic takes as defaults (vllm-router 0.1.17's --help defaults).
+    from router.policies.vllm_router import VllmRouterConfig
+
+    mimic = VllmRouterConfig()
     assert (recipes["vllm"].cache_threshold, recipes["vllm"].balance_abs_threshold,
-            recipes["vllm"].balance_rel_threshold) == (0.5, 32, 1.1)
+            recipes["vllm"].balance_rel_threshold) == (mimic.cache_threshold, mimic.balance_abs_threshold,
+                                                       mimic.balance_rel_threshold) == (0.3, 64, 1.5)
 
 
 async def test_kv_events_reach_policy_and_state_through_the_service(engines):
