@@ -56,7 +56,7 @@ def test_vllm_router_argv_carries_recipe_thresholds():
     argv = router_argv(cfg, ["http://a:1", "http://b:2"], [], None, port=9000)
     flags = dict(zip(argv, argv[1:]))
     assert (flags["--policy"], flags["--cache-threshold"], flags["--balance-abs-threshold"],
-            flags["--balance-rel-threshold"]) == ("cache_aware", "0.5", "32", "1.1")
+            flags["--balance-rel-threshold"]) == ("cache_aware", "0.3", "64", "1.5")  # vllm-router's CLI defaults
     assert argv[argv.index("--worker-urls") + 1: argv.index("--worker-urls") + 3] == ["http://a:1", "http://b:2"]
 
 
