@@ -142,7 +142,8 @@ class DiskEstimate:
     Attributes:
         checkpoint_bytes: one checkpoint: the weights (a tied head stored as a copy) and
             AdamW's two moments per parameter (``torch`` backend; DeepSpeed keeps fp32
-            master weights too, so more).
+            master weights too, and it and the sharded learner write the weights once more
+            as safetensors so that the checkpoint is a model folder, so more).
         checkpoints_bytes: ``keep_last`` checkpoints plus the one being written.
         weight_sync_bytes: the ``http_reload`` folder in shared memory: the new version's
             weights beside the last one's until the engines loaded them.

@@ -218,7 +218,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     trainer = Trainer(trainer_config(tcfg), sampler=sampler, mixture_ledger=mixture_ledger, learner=learner,
                       workers=workers, engine_urls=stack.engines.urls,
                       router_url=stack.router_url if ours else None, weight_sync=sync,
-                      run_dir=run_dir, log=log, evaluate=evaluate)
+                      run_dir=run_dir, log=log, evaluate=evaluate, model_source=stack.model_path)
     resumed = trainer.resume()
     if resumed:
         console.print(f"resumed from {run_dir / 'checkpoint'} at iteration {learner.version}")

@@ -62,6 +62,7 @@ from rl.interfaces import Evaluate, Learner, Worker
 from rl.mixture import MixtureLedger, tv_distance
 from rl.sampler import MixtureSampler, RolloutUnit, largest_deficit
 from rl.workers import UnitResult
+from rollout.model import copy_model_files
 from rollout.weight_sync import WeightSync
 from router.signals import parse_engine_metrics
 
@@ -281,7 +282,8 @@ class Trainer:
     def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, mixture_ledger: MixtureLedger,
                  learner: Learner, workers: dict[str, Worker], engine_urls: list[str],
                  router_url: str | None, weight_sync: WeightSync | None, run_dir: Path,
-                 log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None):
+                 log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None,
+                 model_source: str | Path | None = None):
         check_group_fits(config.limits.max_in_flight,
                          {b: spec.group_size for b, spec in sampler.classes.items()}, sampler.rho)
         self.config = config
@@ -295,6 +297,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.log = log
         self.evaluate = evaluate
+        self.model_source = model_source
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
@@ -608,12 +611,23 @@ class Trainer:
         ``run_dir/checkpoint-v<version>``; then ``run_dir/checkpoint`` (a link, replaced
         atomically) names it, and only the newest ``checkpoint_keep_last`` of them are kept:
         older ones are removed once the new one is complete, so a run killed at any moment
-        still has a whole checkpoint to resume from."""
+        still has a whole checkpoint to resume from.
+
+        With ``model_source`` (the model the learner started from) the checkpoint is also a
+        Hugging Face model folder: its config and tokenizer files are copied in
+        (``rollout.model.copy_model_files``), and a backend whose checkpoint holds no
+        safetensors weights (DeepSpeed, the sharded learner's DCP shards) also writes them
+        (``save_weights``), so ``rl.eval model.path=runs/<run>/checkpoint`` and a next run's
+        ``model.path`` load it."""
         folder = self.run_dir / f"{CHECKPOINT_DIR}-v{self.learner.version}"
         self.learner.save_checkpoint(folder, extra={
             "sampler": self.sampler.state_dict(), "ledger": self.mixture_ledger.state_dict(),
             "history": self.history, "totals": self.totals,
             "trained_units": dict(self.trained_units)})
+        if self.model_source is not None:
+            if not any((folder / n).exists() for n in ("model.safetensors", "model.safetensors.index.json")):
+                self.learner.save_weights(folder)
+            copy_model_files(self.model_source, folder)
         latest = self.run_dir / CHECKPOINT_DIR
         if latest.is_dir() and not latest.is_symlink():  # the single-folder layout of older runs
             latest.rename(self.run_dir / f"{CHECKPOINT_DIR}-v{_checkpoint_version(latest)}")

@@ -106,6 +106,54 @@ def resolve_model_path(model_cfg: DictConfig) -> str:
     return str(prepare_model(model_cfg))
 
 
+_WEIGHT_MARKERS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt", ".distcp")
+
+
+def copy_model_files(source: str | Path, folder: str | Path) -> list[str]:
+    """Make ``folder``, which holds a model's weights, a Hugging Face model folder that vLLM,
+    transformers and ``model.path=`` load: the files of the model ``source`` that are not
+    weights (``config.json``, ``generation_config.json``, tokenizer files, chat template)
+    are copied into it. Weight files, weight indexes (``*.safetensors.index.json``),
+    sub-folders and hidden files are not; a file ``folder`` already has is kept.
+
+    Args:
+        source: the model the weights were trained from: a local Hugging Face folder
+            (``resolve_model_path``'s answer), or a hub id already in the local Hugging Face
+            cache (its config and tokenizer are then saved with ``save_pretrained``, offline).
+        folder: the folder to complete (a training checkpoint).
+
+    Returns:
+        The names written, sorted.
+
+    Raises:
+        ModelPrepareError: ``source`` is a local folder without ``config.json``, or a hub id
+            whose config or tokenizer is not in the local cache.
+    """
+    folder = Path(folder)
+    src = Path(str(source)).expanduser()
+    written = []
+    if src.is_dir():
+        if not (src / "config.json").is_file():
+            raise ModelPrepareError(f"{src} holds no config.json: not a Hugging Face model folder to copy from")
+        for f in sorted(src.iterdir()):
+            if (not f.is_file() or f.name.startswith(".") or any(m in f.name for m in _WEIGHT_MARKERS)
+                    or (folder / f.name).exists()):
+                continue
+            shutil.copyfile(f, folder / f.name)
+            written.append(f.name)
+        return written
+    from transformers import AutoConfig, AutoTokenizer
+
+    before = {f.name for f in folder.iterdir()}
+    try:
+        AutoConfig.from_pretrained(str(source), local_files_only=True).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(str(source), local_files_only=True).save_pretrained(folder)
+    except OSError as e:
+        raise ModelPrepareError(f"cannot save the config and tokenizer of {source} into {folder}: "
+                                f"{str(e).splitlines()[0]}") from None
+    return sorted({f.name for f in folder.iterdir()} - before)
+
+
 def prepared_dir(model_cfg: DictConfig) -> Path:
     """Cache folder that holds (or will hold) the converted model of ``model_cfg``."""
     src = model_cfg.source

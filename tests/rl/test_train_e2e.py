@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from common.config import REPO_ROOT
 from tests.conftest import GSM8K_TINY_OVERRIDE
@@ -48,6 +49,10 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
     assert 0.0 <= m["eval/arithmetic/pass@1"] <= 1.0  # pass@k through the same stack
     assert sum(m["completed"].values()) >= 6  # three groups of two
     assert (run_dir / "checkpoint").is_dir()
+    from rollout.model import check_model_path  # the checkpoint is a model folder rl.eval takes
+
+    check_model_path(OmegaConf.create({"path": str(run_dir / "checkpoint")}))
+    assert (run_dir / "checkpoint" / "tokenizer_config.json").is_file()
     assert (run_dir / "plots" / "mixture.png").exists()
     for log in ("engine-0.log", "router.log", "agent_server.log", "reward_server.log"):
         assert (run_dir / "logs" / log).exists(), log

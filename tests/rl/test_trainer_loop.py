@@ -113,12 +113,12 @@ class FakeSync:
         return Report()
 
 
-def trainer(tmp_path, cfg, workers=None, learner=None, sync=None):
+def trainer(tmp_path, cfg, workers=None, learner=None, sync=None, model_source=None):
     w = make_worker()
     return Trainer(trainer_config(cfg), sampler=sampler(), mixture_ledger=MixtureLedger(RHO),
                    learner=learner or FakeLearner(),
                    workers=workers or {"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[],
-                   router_url=None, weight_sync=sync, run_dir=tmp_path)
+                   router_url=None, weight_sync=sync, run_dir=tmp_path, model_source=model_source)
 
 
 def books_balance(ledger: MixtureLedger) -> bool:
@@ -382,6 +382,46 @@ def test_a_checkpoint_of_the_old_single_folder_layout_is_kept_as_one_of_the_last
     asyncio.run(t.run())
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint")) == [
         "checkpoint", "checkpoint-v0", "checkpoint-v1"]
+
+
+class SafetensorsCheckpointLearner(FakeLearner):
+    """A learner whose checkpoint holds the weights as ``model.safetensors`` (the torch
+    backend): nothing else may write them."""
+
+    def save_checkpoint(self, folder, extra=None):
+        super().save_checkpoint(folder, extra)
+        (folder / "model.safetensors").write_text(f"checkpoint weights v{self.version}")
+        return folder
+
+    def save_weights(self, folder):
+        raise AssertionError("the checkpoint holds its weights already")
+
+
+class WeightWritingLearner(FakeLearner):
+    """A learner whose checkpoints hold no safetensors weights (DeepSpeed's, the sharded
+    learner's DCP shards): ``save_weights`` must write them beside."""
+
+    def save_weights(self, folder):
+        (folder / "model.safetensors").write_text(f"saved weights v{self.version}")
+        return folder
+
+
+@pytest.mark.parametrize(("learner_cls", "weights"), [(SafetensorsCheckpointLearner, "checkpoint weights v1"),
+                                                      (WeightWritingLearner, "saved weights v1")])
+def test_a_checkpoint_is_a_model_folder_with_the_starting_models_config_and_tokenizer(tmp_path, learner_cls,
+                                                                                       weights):
+    source = tmp_path / "base"
+    source.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors", "model.safetensors.index.json"):
+        (source / name).write_text("base " + name)
+    (tmp_path / "run").mkdir()
+    t = trainer(tmp_path / "run", tcfg(iterations=1), learner=learner_cls(), model_source=source)
+    asyncio.run(t.run())
+    ckpt = (tmp_path / "run" / "checkpoint").resolve()
+    assert (ckpt / "config.json").read_text() == "base config.json"
+    assert (ckpt / "tokenizer.json").is_file()
+    assert not (ckpt / "model.safetensors.index.json").exists()  # the base's index would misname the weights
+    assert (ckpt / "model.safetensors").read_text() == weights
 
 
 def test_disk_estimate_counts_weights_adam_state_keep_last_and_the_sync_folder():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rollout.model import ModelPrepareError, prepare_model, resolve_model_path
+from rollout.model import ModelPrepareError, copy_model_files, prepare_model, resolve_model_path
 
 
 def test_prepared_model_is_a_plain_hf_folder_with_chat_template(model_path):
@@ -56,3 +56,45 @@ def test_folder_without_config_is_refused(train_cfg, tmp_path):
 def test_hub_id_is_passed_through(train_cfg):
     cfg = OmegaConf.merge(train_cfg.model, {"path": "HuggingFaceTB/SmolLM2-135M-Instruct"})
     assert resolve_model_path(cfg) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_copy_model_files_takes_config_and_tokenizer_but_no_weights_links_or_folders(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    dst.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                 "model.safetensors", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+                 "pytorch_model.bin", ".hidden", "sub/inner.json"):
+        (src / name).write_text(name)
+    (dst / "generation_config.json").write_text("the checkpoint's own")
+    written = copy_model_files(src, dst)
+    assert written == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (dst / "generation_config.json").read_text() == "the checkpoint's own"
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "generation_config.json",
+                                                     "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_copy_model_files_refuses_a_folder_without_config(tmp_path):
+    (tmp_path / "src").mkdir()
+    with pytest.raises(ModelPrepareError, match="holds no config.json"):
+        copy_model_files(tmp_path / "src", tmp_path)
+
+
+def test_copy_model_files_of_a_hub_id_not_in_the_cache_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelPrepareError, match="cannot save the config and tokenizer of nobody/no-such-model"):
+        copy_model_files("nobody/no-such-model", tmp_path)
+
+
+def test_copy_model_files_makes_the_prepared_model_loadable_from_a_weights_only_folder(model_path, tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copyfile(Path(model_path) / "model.safetensors", ckpt / "model.safetensors")
+    copy_model_files(model_path, ckpt)
+    assert AutoConfig.from_pretrained(ckpt).model_type == AutoConfig.from_pretrained(model_path).model_type
+    assert AutoTokenizer.from_pretrained(ckpt).chat_template
