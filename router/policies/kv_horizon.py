@@ -19,7 +19,8 @@ but never less than their classes' mean lifetime footprint::
       last_s = own blocks of a session between requests (an agent in a tool gap: its
                history sits unreferenced in the cache, so the engine's count omits it)
       k̄_b    = mean time-averaged footprint Z_s / T_s (Eq. 2) of completed class-b
-               sessions (``lifetime_floor``; ``footprint_prior_tokens`` before 8)
+               sessions (``lifetime_floor``; before 8, the prior
+               min(``footprint_prior_tokens``, ``footprint_prior_share`` x num_blocks_w))
 
 A new session of class b may enter w when (Eq. 3 with these reservations)::
 
@@ -121,6 +122,13 @@ class KvHorizonConfig:
     footprint_prior_tokens: float = 32768.0
     """k̄_b before 8 sessions of class b completed (tokens, at the instance's block size): a
     long sample, so the start does not admit a flood of small young sessions."""
+    footprint_prior_share: float = 0.125
+    """...but at most this share of the instance's KV blocks: a prior is an assumption about
+    sessions not yet seen, and one that fills an instance alone admits one session per class
+    until 8 complete (measured on 2 real CPU engines of 64 blocks x 128 tokens: 32,768 tokens
+    = 256 blocks per young session, 3 sessions per engine, KV usage 0.13). 1/8 starts an
+    instance at 8 young sessions; the simulated replicas (1,280+ blocks of 256 tokens at
+    scale 0.25) are larger than 8 x 32,768 tokens, so this cap does not bind there."""
     horizon_s: float = 120.0
     """Growth horizon: a few metric windows, short against RLVR decodes (tens of minutes).
     Screened on seeds 10-11 at scale 0.25 (step3.7-like): 30 s 2.80 samples/min, 120 s 2.92."""
@@ -164,6 +172,8 @@ class KvHorizonConfig:
             bad.append("need 0 < min_target_usage <= target_usage <= 1")
         if not 0 < self.backoff < 1 or not 0 < self.rate_smoothing <= 1 or not 0 < self.output_quantile <= 1:
             bad.append("backoff must be in (0, 1), rate_smoothing and output_quantile in (0, 1]")
+        if not 0 < self.footprint_prior_share <= 1:
+            bad.append("footprint_prior_share must be in (0, 1]")
         for name in ("horizon_s", "decode_tokens_per_s_prior", "footprint_prior_tokens", "metrics_stale_s", "recheck_s",
                      "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"):
             if not getattr(self, name) > 0:
@@ -296,10 +306,16 @@ class KvHorizonPolicy:
         h = self.turn_growth.get(workload_class)
         return h.mean() if h is not None and len(h) >= 8 else self.config.turn_growth_prior_tokens
 
-    def _footprint_blocks(self, workload_class: str, bs: int) -> float:
-        """k̄_b: mean time-averaged footprint of completed class-b sessions (blocks), or the prior."""
+    def _footprint_blocks(self, workload_class: str, instance: str) -> float:
+        """k̄_b on ``instance``: the mean time-averaged footprint of completed class-b sessions
+        (blocks), or before 8 of them the prior, at most ``footprint_prior_share`` of the
+        instance's blocks."""
         h = self.footprints.get(workload_class)
-        return h.mean() if h is not None and len(h) >= 8 else self.config.footprint_prior_tokens / bs
+        if h is not None and len(h) >= 8:
+            return h.mean()
+        cfg = self.config
+        return min(cfg.footprint_prior_tokens / self._bs(instance),
+                   cfg.footprint_prior_share * self._num_blocks.get(instance, cfg.fallback_num_blocks))
 
     def _session_growth_blocks(self, load: _InstanceLoad, workload_class: str, bs: int) -> float:
         """gamma_b x horizon in blocks (``growth_model: session``)."""
@@ -338,7 +354,7 @@ class KvHorizonPolicy:
             turns = sum(n * self._turn_tokens(b) / bs for b, n in load.idle_by_class.items())
         reserved = held + growth + load.idle_blocks + turns
         if self.config.lifetime_floor:
-            committed = sum(n * self._footprint_blocks(b, bs) for b, n in load.sessions_by_class.items())
+            committed = sum(n * self._footprint_blocks(b, instance) for b, n in load.sessions_by_class.items())
             reserved = max(reserved, committed)  # max(current + growth, Σ_b n_b k̄_b)
         return reserved
 
@@ -397,7 +413,7 @@ class KvHorizonPolicy:
             own = max(0, request.prompt_tokens // bs - shared)
             need = own + self._growth_blocks(load, rec.workload_class, bs)  # k~_new
             if cfg.lifetime_floor:
-                need = max(need, self._footprint_blocks(rec.workload_class, bs))
+                need = max(need, self._footprint_blocks(rec.workload_class, w))
             reserved, budget = self.reserved_blocks(w, now), self.budget_blocks(w)
             if reserved + need > budget:  # Σ k~_s + k~_new <= U_w num_blocks  (Eq. 3)
                 continue

@@ -83,7 +83,7 @@ def test_default_reservation_is_the_engines_count_plus_new_prompts_plus_session_
 
 
 def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -> None:
-    p = policy(lifetime_floor=True, footprint_prior_tokens=480.0)  # prior k̄ = 30 blocks
+    p = policy(lifetime_floor=True, footprint_prior_tokens=480.0, footprint_prior_share=1.0)  # prior k̄ = 30 blocks
     view = cluster("w0")
     start(p, req("s0", tokens=16), view, 0.0)  # 1 block + 10 growth, but k̄ = 30 counts
     assert p.reserved_blocks("w0", 0.0) == pytest.approx(30.0)
@@ -96,7 +96,25 @@ def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -
         p.observe(MetricsSampled("w1", METRICS, 0.0))
         w = start(p, r, cluster("w1"), 0.0)
         p.observe(RequestFinished(r, w, 100.0, prompt_tokens=160, completion_tokens=0))
-    assert p._footprint_blocks("rlhf", 16) == pytest.approx(10.0)
+    assert p._footprint_blocks("rlhf", "w0") == pytest.approx(10.0)
+
+
+def test_the_footprint_prior_is_at_most_its_share_of_the_instance() -> None:
+    # a prior of 32,768 tokens on an instance of 100 blocks x 16 tokens (1,600 tokens) would let
+    # one young session fill it; at share 1/8 the prior is 12.5 blocks: 7 fit the budget of 90
+    p = policy(lifetime_floor=True, footprint_prior_tokens=32768.0, footprint_prior_share=0.125)
+    view = cluster("w0")
+    assert p._footprint_blocks("agent", "w0") == pytest.approx(12.5)
+    for i in range(7):
+        start(p, req(f"s{i}", tokens=16), view, 0.0)
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(7 * 12.5)
+    assert isinstance(p.decide(req("s7", tokens=16), view, 0.0), Hold)
+    # on an instance 100x larger the token prior (2,048 blocks) is the smaller one
+    big = InstanceMetrics(num_blocks=100 * 100 * 16, block_size=16)
+    p.observe(MetricsSampled("w1", big, 0.0))
+    assert p._footprint_blocks("agent", "w1") == pytest.approx(32768 / 16)
+    with pytest.raises(ValueError, match="footprint_prior_share"):
+        policy(footprint_prior_share=0.0)
 
 
 def test_stale_metrics_fall_back_to_the_model() -> None:
