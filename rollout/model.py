@@ -106,7 +106,8 @@ def resolve_model_path(model_cfg: DictConfig) -> str:
     return str(prepare_model(model_cfg))
 
 
-_WEIGHT_MARKERS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt", ".distcp")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt", ".distcp",
+                    ".index.json")  # the last: a weight index (model.safetensors.index.json)
 
 
 def copy_model_files(source: str | Path, folder: str | Path) -> list[str]:
@@ -114,7 +115,8 @@ def copy_model_files(source: str | Path, folder: str | Path) -> list[str]:
     transformers and ``model.path=`` load: the files of the model ``source`` that are not
     weights (``config.json``, ``generation_config.json``, tokenizer files, chat template)
     are copied into it. Weight files, weight indexes (``*.safetensors.index.json``),
-    sub-folders and hidden files are not; a file ``folder`` already has is kept.
+    sub-folders and hidden files are not; from a local folder, a file ``folder`` already has
+    is kept.
 
     Args:
         source: the model the weights were trained from: a local Hugging Face folder
@@ -131,16 +133,14 @@ def copy_model_files(source: str | Path, folder: str | Path) -> list[str]:
     """
     folder = Path(folder)
     src = Path(str(source)).expanduser()
-    written = []
     if src.is_dir():
         if not (src / "config.json").is_file():
             raise ModelPrepareError(f"{src} holds no config.json: not a Hugging Face model folder to copy from")
-        for f in sorted(src.iterdir()):
-            if (not f.is_file() or f.name.startswith(".") or any(m in f.name for m in _WEIGHT_MARKERS)
-                    or (folder / f.name).exists()):
-                continue
-            shutil.copyfile(f, folder / f.name)
-            written.append(f.name)
+        written = [f.name for f in sorted(src.iterdir())
+                   if f.is_file() and not f.name.startswith(".") and not f.name.endswith(_WEIGHT_SUFFIXES)
+                   and not (folder / f.name).exists()]
+        for name in written:
+            shutil.copyfile(src / name, folder / name)
         return written
     from transformers import AutoConfig, AutoTokenizer
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,6 @@ def test_copy_model_files_of_a_hub_id_not_in_the_cache_says_so(tmp_path, monkeyp
 
 def test_copy_model_files_makes_the_prepared_model_loadable_from_a_weights_only_folder(model_path, tmp_path):
     from transformers import AutoConfig, AutoTokenizer
-
-    import shutil
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
