@@ -13,9 +13,11 @@ but never less than their classes' mean lifetime footprint::
                Σ_running (own prompt blocks + r_w (t - start_s) / block_size)
       own    = prompt blocks minus those the session matched in w's cache at admission
                (class / group prefix: stored once on the instance)
-      g_s    = gamma_b horizon_s / block_size  (``growth_model: session``): gamma_b = the
-               class's mean growth rate over completed sessions, (final - first prompt)
-               tokens / residency; r_w (measured per-sequence decode rate) before 8 of them
+      g_s    = min(gamma_b horizon_s, G_b) / block_size  (``growth_model: session``):
+               gamma_b = the class's mean growth rate over completed sessions, (final -
+               first prompt) tokens / residency, r_w (measured per-sequence decode rate)
+               before 8 of them; G_b = their mean (final - first prompt) tokens
+               (``growth_bound``): no session reserves more growth than a whole one adds
       last_s = own blocks of a session between requests (an agent in a tool gap: its
                history sits unreferenced in the cache, so the engine's count omits it)
       k̄_b    = mean time-averaged footprint Z_s / T_s (Eq. 2) of completed class-b
@@ -129,6 +131,15 @@ class KvHorizonConfig:
     = 256 blocks per young session, 3 sessions per engine, KV usage 0.13). 1/8 starts an
     instance at 8 young sessions; the simulated replicas (1,280+ blocks of 256 tokens at
     scale 0.25) are larger than 8 x 32,768 tokens, so this cap does not bind there."""
+    growth_bound: bool = True
+    """g_s is at most G_b, the class's mean whole-session growth ((final - first prompt)
+    tokens of completed sessions): a session is not expected to add more over the horizon
+    than a whole session of its class adds in its life. Without it, where sessions live
+    shorter than ``horizon_s`` the reservation is a multiple of what they ever hold
+    (measured on 2 real CPU engines, sessions of 60-100 s: agent growth over 120 s reserved
+    10 blocks per session whose whole footprint was 5, 5 sessions per engine at KV usage
+    0.2). The simulated replicas' sessions live thousands of seconds, so there it does not
+    bind."""
     horizon_s: float = 120.0
     """Growth horizon: a few metric windows, short against RLVR decodes (tens of minutes).
     Screened on seeds 10-11 at scale 0.25 (step3.7-like): 30 s 2.80 samples/min, 120 s 2.92."""
@@ -278,6 +289,7 @@ class KvHorizonPolicy:
         self.turn_growth: dict[str, BoundedHistory] = {}  # per class: prompt growth per turn (tokens)
         self._last_prompt: dict[str, int] = {}  # session -> prompt + output tokens of its last request
         self.session_growth: dict[str, BoundedHistory] = {}  # per class: gamma_b samples (tokens/s)
+        self.whole_growth: dict[str, BoundedHistory] = {}  # per class: G_b samples (tokens per session)
         self.footprints: dict[str, BoundedHistory] = {}  # per class: Z_s / T_s of completed sessions (blocks)
         self._block_size: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
@@ -318,10 +330,15 @@ class KvHorizonPolicy:
                    cfg.footprint_prior_share * self._num_blocks.get(instance, cfg.fallback_num_blocks))
 
     def _session_growth_blocks(self, load: _InstanceLoad, workload_class: str, bs: int) -> float:
-        """gamma_b x horizon in blocks (``growth_model: session``)."""
+        """min(gamma_b x horizon, G_b) in blocks (``growth_model: session``; G_b with
+        ``growth_bound``, once 8 sessions of the class completed)."""
         h = self.session_growth.get(workload_class)
         rate = h.mean() if h is not None and len(h) >= 8 else load.rate
-        return rate * self.config.horizon_s / bs
+        tokens = rate * self.config.horizon_s
+        whole = self.whole_growth.get(workload_class)
+        if self.config.growth_bound and whole is not None and len(whole) >= 8:
+            tokens = min(tokens, whole.mean())
+        return tokens / bs
 
     def _growth_blocks(self, load: _InstanceLoad, workload_class: str, bs: int) -> float:
         """g_s of a new or running session of ``workload_class``, in blocks."""
@@ -602,6 +619,8 @@ class KvHorizonPolicy:
                 residency = event.now - rec.admitted_s
                 gamma = max(0, total - rec.first_tokens) / residency
                 self.session_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(gamma)
+                self.whole_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(
+                    max(0, total - rec.first_tokens))
                 self.footprints.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(
                     rec.block_seconds / residency)  # Z_s / T_s  (MISA-T Eq. 2)
             self._end(req.session_id)

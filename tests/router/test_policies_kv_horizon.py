@@ -82,6 +82,32 @@ def test_default_reservation_is_the_engines_count_plus_new_prompts_plus_session_
     assert p.reserved_blocks("w0", 100.5) == 0.0  # the sample is stale by now: the model, no session left
 
 
+def _complete_sessions(p, cls: str, n: int, first: int, final: int, residency_s: float) -> None:
+    """``n`` sessions of ``cls`` on w1, each from ``first`` to ``final`` tokens in ``residency_s``."""
+    for i in range(n):
+        r = req(f"{cls}-done{i}", cls=cls, tokens=first, session_end=True)
+        w = start(p, r, cluster("w1"), 0.0)
+        p.observe(RequestFinished(r, w, residency_s, prompt_tokens=first, completion_tokens=final - first))
+
+
+def test_growth_is_at_most_a_whole_session_of_the_class() -> None:
+    # sessions of 4 s that grow 160 tokens: gamma = 40 tok/s, so gamma x 16 s = 640 tokens =
+    # 40 blocks of growth, four times what a whole session adds (160 tokens = 10 blocks)
+    for bound, growth in ((True, 10.0), (False, 40.0)):
+        p = policy(current_from="metrics", growth_model="session", growth_bound=bound)
+        _complete_sessions(p, "rlvr", 8, first=160, final=320, residency_s=4.0)
+        assert p._session_growth_blocks(p._load("w0"), "rlvr", 16) == pytest.approx(growth)
+        start(p, req("s0", cls="rlvr", tokens=320), cluster("w0"), 0.5)
+        assert p.reserved_blocks("w0", 0.5) == pytest.approx(20 + growth)  # 20 prompt blocks since the sample
+    # where the horizon is the shorter (sessions of 100 s growing 160 tokens: 1.6 tok/s x 16 s =
+    # 25.6 tokens), the bound does not bind
+    p = policy(current_from="metrics", growth_model="session", growth_bound=True)
+    _complete_sessions(p, "rlvr", 8, first=160, final=320, residency_s=100.0)
+    assert p._session_growth_blocks(p._load("w0"), "rlvr", 16) == pytest.approx(25.6 / 16)
+    # before 8 sessions completed there is no G_b: r_w x horizon (10 tok/s x 16 s = 10 blocks)
+    assert p._session_growth_blocks(p._load("w0"), "agent", 16) == pytest.approx(10.0)
+
+
 def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -> None:
     p = policy(lifetime_floor=True, footprint_prior_tokens=480.0, footprint_prior_share=1.0)  # prior k̄ = 30 blocks
     view = cluster("w0")
