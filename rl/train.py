@@ -192,9 +192,11 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         if "iteration_s" not in m:  # the step-0 evaluation line
             return
         hit = m.get("prefix_hit_rate")
-        progress.update(bar, completed=int(m["iteration"]), description=(
-            f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  "
-            f"hit {hit:.0%}  TV {m['tv_distance']:.3f}" if hit is not None else ""))
+        line = (f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  "
+                f"hit {hit:.0%}  TV {m['tv_distance']:.3f}" if hit is not None else "")
+        progress.update(bar, completed=int(m["iteration"]), description=line)
+        if not console.is_terminal:  # a log file: rich draws the bar only when it stops; one line per iteration
+            console.print(f"GRPO iteration {int(m['iteration'])}/{int(tcfg.iterations)}  {line}".rstrip())
 
     async def evaluate(version: int) -> dict[str, float]:
         from rl.evaluation import EvalSettings, arithmetic_heldout_benchmark, evaluate_async

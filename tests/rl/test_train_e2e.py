@@ -57,4 +57,5 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
     for log in ("engine-0.log", "router.log", "agent_server.log", "reward_server.log"):
         assert (run_dir / "logs" / log).exists(), log
     assert "samples/min" in r.stdout
+    assert "GRPO iteration 1/1" in r.stdout  # not a terminal: one progress line per iteration, not only at the end
     assert _leftover_processes(run_dir) == []
