@@ -393,13 +393,13 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def _parse_ints(text: str, what: str, minimum: int = 1) -> list[int]:
+def _parse_ints(text: str, what: str, minimum: int = 1, example: str = "8,16,32") -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise usage_error(f"{what}: expected comma-separated integers like 8,16,32, got {text!r}") from None
+        raise usage_error(f"{what}: expected comma-separated integers like {example}, got {text!r}") from None
     if not values or any(v < minimum for v in values):
-        raise usage_error(f"{what}: expected integers >= {minimum} like 8,16,32, got {text!r}")
+        raise usage_error(f"{what}: expected integers >= {minimum} like {example}, got {text!r}")
     return values
 
 
@@ -455,7 +455,7 @@ def main() -> None:
         print(f"results: {args.resimulate}")
         return
     _check_args(args)
-    seeds = _parse_ints(args.seeds, "--seeds", minimum=0)
+    seeds = _parse_ints(args.seeds, "--seeds", minimum=0, example="0,1,2")
     if len(set(seeds)) != len(seeds):
         raise usage_error(f"--seeds: each seed once, got {args.seeds!r}")
     sweep = _parse_ints(args.sweep, "--sweep")

@@ -494,12 +494,12 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     single_turn = single_turn_benchmarks(cfg)
     swe = swe_path(cfg)
     grader = swe_grader(cfg, swe) if swe is not None else None
-    if grader is not None:
-        print(grader.describe(), flush=True)
     out_dir = Path(str(cfg.eval.out_dir))
     if router_url:
         model = cfg.eval.served_model_name or str(cfg.model.name)
         check_router(router_url, model)
+        if grader is not None:  # said once the command is accepted (a refusal is one error line)
+            print(grader.describe(), flush=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         tokenizer = cfg.eval.tokenizer
@@ -513,6 +513,8 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
 
         stack = ServingStack(cfg, Path(str(cfg.run_dir)))
         stack.check()  # a refused command writes nothing (Hydra's files are removed)
+        if grader is not None:
+            print(grader.describe(), flush=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         stop_on_sigterm()

@@ -116,8 +116,10 @@ class LearnerConfig:
                 or len(set(self.gpus)) != len(self.gpus)):
             raise LearnerError(f"learner.gpus={self.gpus!r}: give a list of distinct GPU "
                                "positions >= 0 (e.g. [6, 7]), or null")
-        if self.micro_batch_size < 1 or self.lr <= 0:
-            raise LearnerError("learner.micro_batch_size must be >= 1 and learner.lr > 0")
+        if self.micro_batch_size < 1:
+            raise LearnerError(f"learner.micro_batch_size={self.micro_batch_size}: give a whole number >= 1")
+        if not self.lr > 0:
+            raise LearnerError(f"learner.lr={self.lr}: give a learning rate > 0, e.g. 5e-5 (the default recipe)")
 
 
 def learner_config(tcfg: Mapping[str, Any]) -> LearnerConfig:

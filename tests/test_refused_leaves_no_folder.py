@@ -17,6 +17,7 @@ def test_a_missing_model_path_is_refused_and_leaves_no_run_folder(tmp_path, modu
     assert r.returncode == 2, r.stderr
     assert f"model.path={path} does not exist" in r.stderr and "Traceback" not in r.stderr
     assert "run folder" not in r.stdout
+    assert "SWE grading" not in r.stdout  # nothing is announced before the refusal: it is the one line
     assert not (tmp_path / "runs").exists()
 
 

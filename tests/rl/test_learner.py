@@ -102,6 +102,10 @@ def test_learner_config_rejects_bad_options():
         LearnerConfig(backend="jax")
     with pytest.raises(LearnerError, match="zero_stage"):
         LearnerConfig(backend="deepspeed", zero_stage=3)
+    with pytest.raises(LearnerError, match=r"^learner\.lr=-1.0: give a learning rate > 0"):
+        LearnerConfig(lr=-1.0)  # names the one option that is wrong
+    with pytest.raises(LearnerError, match=r"^learner\.micro_batch_size=0: "):
+        LearnerConfig(micro_batch_size=0)
 
 
 @pytest.mark.slow

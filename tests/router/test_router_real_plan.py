@@ -51,6 +51,7 @@ def test_cpu_workload_keeps_the_paper_shape():
     (["--kv-tokens", "1024"], "--kv-tokens 1024 is below --max-model-len 2048"),
     (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
     (["--seeds", "1,1"], "--seeds: each seed once"),
+    (["--seeds", "-1"], "--seeds: expected integers >= 0 like 0,1,2"),
 ])
 def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     p = subprocess.run([sys.executable, "-m", "bench.router_real", *args], cwd=REPO_ROOT, capture_output=True,
