@@ -16,9 +16,10 @@ machine does not change, unlike the wall time), and the run's wall time; before 
 table per run: the metric at each evaluated step, and per iteration the rlvr reward of
 all rollouts and of the trained groups, the rlvr units and informative groups trained,
 all units trained and the update time. ``--runs`` reads
-finished run folders instead of training (no engine needed); one that is not a finished
-run with a step-0 evaluation is refused with one ``error:`` line, exit code 2, before
-anything is printed.
+finished run folders instead of training (no engine needed); one without a step-0
+evaluation is refused with one ``error:`` line, exit code 2, before anything is printed,
+and one that stopped before ``trainer.iterations`` (its ``config.yaml``) is read but named
+"stopped i/N" in the tables, with a note line.
 """
 
 from __future__ import annotations
@@ -71,14 +72,27 @@ def curve(run_dir: Path, metric: str) -> dict:
               if "trained_groups_by_class" in h else None,
               "trained_units": h.get("trained_units"), "update_s": h.get("update_s")}
              for h in lines if not h.get("baseline")]
+    planned = _planned_iterations(run_dir)
+    done = max((h["iteration"] for h in lines), default=0)
     counted = [s["rlvr_units"] for s in steps if s["rlvr_units"] is not None]
     rollout = [s["rlvr_rollout_reward"] for s in steps if s["rlvr_rollout_reward"] is not None]
     half = len(rollout) // 2
     return {"start": evals[0][1], "end": evals[-1][1], "end_step": evals[-1][0],
-            "points": evals, "steps": steps,
+            "points": evals, "steps": steps, "iterations_done": done, "iterations_planned": planned,
+            "stopped": planned is not None and done < planned,
             "rlvr_trained": sum(counted) if counted else None,
             "rollout_halves": (statistics.mean(rollout[:half]), statistics.mean(rollout[half:]))
             if half else None}
+
+
+def _planned_iterations(run_dir: Path) -> int | None:
+    """``trainer.iterations`` of the run's resolved ``config.yaml`` (None: no such file or key)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return int(OmegaConf.load(run_dir / "config.yaml").trainer.iterations)
+    except Exception:  # an older or hand-made folder: nothing to compare with
+        return None
 
 
 def _fmt(x, spec: str) -> str:
@@ -147,6 +161,10 @@ def main() -> None:
         raise SystemExit(str(e)) from None  # a run this command trained: a failure (exit 1)
     starts, ends, gains, ratios = [], [], [], []
     for name, c, wall in curves:
+        if c["stopped"]:  # a run stopped early (killed, timed out): its end is its last evaluation
+            console.print(f"note: {name} stopped at iteration {c['iterations_done']} of "
+                          f"{c['iterations_planned']} (not a finished run); its end is step {c['end_step']}")
+            name = f"{name} (stopped {c['iterations_done']}/{c['iterations_planned']})"
         ratio = c["end"] / c["start"] if c["start"] > 0 else float("inf")
         starts.append(c["start"])
         ends.append(c["end"])

@@ -134,6 +134,13 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
     first, second = c["rollout_halves"]
     assert abs(first - 0.1) < 1e-9 and abs(second - 0.25) < 1e-9
     assert step_table("seed 0", c).row_count == 3
+    assert c["iterations_planned"] is None and not c["stopped"]  # no config.yaml: nothing to compare
+    (tmp_path / "config.yaml").write_text("trainer:\n  iterations: 8\n")
+    c = curve(tmp_path, "eval/arithmetic/pass@1")
+    assert (c["iterations_done"], c["iterations_planned"], c["stopped"]) == (3, 8, True)
+    (tmp_path / "config.yaml").write_text("trainer:\n  iterations: 3\n")
+    assert not curve(tmp_path, "eval/arithmetic/pass@1")["stopped"]
+    (tmp_path / "config.yaml").unlink()
     # a run written before the per-class counts were logged: blanks, not zeros
     old = [{k: v for k, v in h.items() if not k.startswith("trained_")} for h in lines]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in old))
