@@ -87,11 +87,15 @@ def curve(run_dir: Path, metric: str) -> dict:
 
 def _planned_iterations(run_dir: Path) -> int | None:
     """``trainer.iterations`` of the run's resolved ``config.yaml`` (None: no such file or key)."""
+    import yaml
     from omegaconf import OmegaConf
 
+    path = run_dir / "config.yaml"
+    if not path.is_file():  # an older or hand-made folder: nothing to compare with
+        return None
     try:
-        return int(OmegaConf.load(run_dir / "config.yaml").trainer.iterations)
-    except Exception:  # an older or hand-made folder: nothing to compare with
+        return int(OmegaConf.select(OmegaConf.load(path), "trainer.iterations"))
+    except (OSError, TypeError, ValueError, yaml.YAMLError):  # unreadable, or no such key
         return None
 
 

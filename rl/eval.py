@@ -495,13 +495,20 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     swe = swe_path(cfg)
     grader = swe_grader(cfg, swe) if swe is not None else None
     out_dir = Path(str(cfg.eval.out_dir))
+    # every check first: a refused command prints its one error line and writes nothing
     if router_url:
         model = cfg.eval.served_model_name or str(cfg.model.name)
         check_router(router_url, model)
-        if grader is not None:  # said once the command is accepted (a refusal is one error line)
-            print(grader.describe(), flush=True)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    else:
+        from rollout.serve import ServingStack, stop_on_sigterm
+
+        stack = ServingStack(cfg, Path(str(cfg.run_dir)))
+        stack.check()  # (Hydra's files are removed on a refusal)
+    if grader is not None:
+        print(grader.describe(), flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if router_url:
         tokenizer = cfg.eval.tokenizer
         if tokenizer is None and swe is not None:
             from rollout.model import resolve_model_path
@@ -509,14 +516,6 @@ def run(cfg: DictConfig) -> dict[str, dict[str, Any]]:
         report = evaluate(benchmarks_of(cfg, tokenizer, single_turn, grader), router_url,
                           model, settings, out_dir, progress=bool(cfg.eval.progress))
     else:
-        from rollout.serve import ServingStack, stop_on_sigterm
-
-        stack = ServingStack(cfg, Path(str(cfg.run_dir)))
-        stack.check()  # a refused command writes nothing (Hydra's files are removed)
-        if grader is not None:
-            print(grader.describe(), flush=True)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         stop_on_sigterm()
         with stack:
             report = evaluate(benchmarks_of(cfg, cfg.eval.tokenizer or stack.model_path, single_turn,

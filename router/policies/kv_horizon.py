@@ -617,10 +617,10 @@ class KvHorizonPolicy:
         if req.session_end:
             if rec.first_tokens is not None and rec.admitted_s is not None and event.now > rec.admitted_s:
                 residency = event.now - rec.admitted_s
-                gamma = max(0, total - rec.first_tokens) / residency
-                self.session_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(gamma)
-                self.whole_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(
-                    max(0, total - rec.first_tokens))
+                grown = max(0, total - rec.first_tokens)  # tokens the session added in its life
+                self.session_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(
+                    grown / residency)  # gamma_b sample
+                self.whole_growth.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(grown)
                 self.footprints.setdefault(rec.workload_class, BoundedHistory(self.config.history)).append(
                     rec.block_seconds / residency)  # Z_s / T_s  (MISA-T Eq. 2)
             self._end(req.session_id)
