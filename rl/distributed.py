@@ -9,7 +9,8 @@ trains, inside ``worker_loop``:
     RankGroup.init()  ---- rendezvous ----   RankGroup.init()
     post("build", ...) -> store key          next_command() (polls the store)
     collective body (scatter, FSDP)  <---->  same body, same order
-    post("stop")                             returns
+    post("stop")                             sets left/<r>, returns
+    close(): waits for every left/<r>        close()
 
 A command is a small picklable ``(name, args)`` written under a numbered key of the
 launcher's TCP store; bulk data (the step's samples) travels inside the command's
@@ -23,6 +24,11 @@ a collective fails on rank 0, ``diagnose`` names the rank whose counter stopped 
 wrote its error line) and its log, in one line. A worker whose orchestrator stops beating
 (or whose store vanished) exits with one line too. Under torchrun the agent then stops the
 remaining processes; rank 0 stops the engines it started on its way out.
+
+Where rank 0 hosts the store (ranks started without torchrun, whose agent hosts it
+otherwise), a worker that found the store gone before it read ``stop`` would exit 1 ("the
+orchestrator is gone") from a run that ended well; so rank 0 waits at the end (at most
+``DEAD_AFTER_S``) until every worker has read ``stop``.
 """
 
 from __future__ import annotations
@@ -364,11 +370,46 @@ class RankGroup:
         info = pickle.loads(raw)
         return f"{info['host']}:{info['log']}" if info.get("log") else f"{info['host']} pid {info['pid']}"
 
+    def acknowledge_stop(self) -> None:
+        """Worker: tell rank 0 this rank read ``stop`` (rank 0's ``close`` waits for it)."""
+        try:
+            self.store.set(f"{_PREFIX}left/{self.rank}", b"1")
+        except Exception:  # the store is gone: rank 0 left already
+            pass
+
+    def _await_workers_left(self) -> None:
+        """Rank 0, after posting ``stop``: wait until every worker acknowledged it, one stops
+        beating, or ``DEAD_AFTER_S`` passed (a worker stuck in a collective), whichever is
+        first, so the store this rank hosts outlives the workers' last read of it."""
+        waiting = set(range(1, self.world_size))
+        beats = {r: self._counter(r) for r in waiting}
+        since = {r: time.monotonic() for r in waiting}
+        deadline = time.monotonic() + DEAD_AFTER_S
+        while waiting and time.monotonic() < deadline:
+            for r in list(waiting):
+                if self._get(f"{_PREFIX}left/{r}") is not None:
+                    waiting.discard(r)
+                    continue
+                beat = self._counter(r)
+                if beat != beats[r]:
+                    beats[r], since[r] = beat, time.monotonic()
+                elif time.monotonic() - since[r] > 3 * HEARTBEAT_S:  # died: nobody to wait for
+                    waiting.discard(r)
+            time.sleep(COMMAND_POLL_S)
+
     def close(self) -> None:
-        """Stop the heartbeat and leave the process group."""
+        """Leave the group: on rank 0 after ``post("stop")``, first wait until the workers
+        read it (``_await_workers_left``, at most ``DEAD_AFTER_S``); then stop the heartbeat
+        and destroy the process group. Every rank calls this before it exits: a gloo
+        process group left for the interpreter's exit aborts the process ("terminate
+        called without an active exception") once rank 0's store is gone."""
         import torch.distributed as dist
 
+        if self.info.is_orchestrator and self.world_size > 1 and self._command == "stop":
+            self._await_workers_left()
         self._stopped.set()
+        if self._beat.is_alive() and self._beat is not threading.current_thread():
+            self._beat.join(timeout=2 * HEARTBEAT_S)
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -401,6 +442,7 @@ def worker_loop(group: RankGroup, learner_factory) -> int:
         while True:
             name, args = group.next_command()
             if name == "stop":
+                group.acknowledge_stop()
                 return 0
             if name == "build":
                 learner = learner_factory(group, *args)

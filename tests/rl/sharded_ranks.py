@@ -1,7 +1,7 @@
 """One learner rank of a test scenario (run by tests/rl/test_sharded_learner.py with the
 launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
-    python tests/rl/sharded_ranks.py train|step|resume|steps WORKDIR MODEL_DIR
+    python tests/rl/sharded_ranks.py train|step|resume|steps|quit WORKDIR MODEL_DIR
 
 Rank 0 drives a ``ShardedLearner`` and writes its results into WORKDIR; the other ranks
 run ``rl.distributed.worker_loop`` (logs: WORKDIR/rank<r>.log).
@@ -11,7 +11,8 @@ run ``rl.distributed.worker_loop`` (logs: WORKDIR/rank<r>.log).
 (full.pt). ``train`` (the tiny model) also writes the sync before the step (w0/), the
 log-probs and loss before it, the NCCL stream (streamed.pt), the full optimizer state and
 a checkpoint (ckpt/); ``step`` (the packaged 135M model) leaves those out: GBs to gather
-and write there, and a fifth of the run on a loaded 2-core machine.
+and write there, and a fifth of the run on a loaded 2-core machine. ``quit``: rank 0 posts
+``stop`` before any learner is built, closes the group and exits at once (``os._exit``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,15 @@ def main() -> int:
     group = RankGroup(info, "gloo", collective_timeout_s=60, log_path=str(log))
     cfg = LearnerConfig(device="cpu", lr=1e-3, micro_batch_size=2, sync_bucket_mb=0.1)
     if info.rank > 0:
-        return worker_loop(group, lambda g, path, c: ShardedLearner(g, path, c))
+        try:
+            return worker_loop(group, lambda g, path, c: ShardedLearner(g, path, c))
+        finally:
+            group.close()  # as rl.learner_launch.worker_main
     group.stop_on_sigterm()  # as rl.train's rank 0
+    if scenario == "quit":  # stop at once and leave as fast as a process can
+        group.post("stop")
+        group.close()
+        os._exit(0)
     group.post("build", model_dir, cfg)
     torch.manual_seed(0)
     learner = ShardedLearner(group, model_dir, cfg)

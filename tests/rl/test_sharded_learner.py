@@ -392,6 +392,18 @@ def test_ranks_past_the_rank_timeout_are_killed(trained, tmp_path):
     assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
 
 
+def test_workers_exit_0_when_rank_0_stops_and_leaves_at_once(tmp_path):
+    # Rank 0 hosts the store here (no torchrun agent): it posts stop and leaves as fast as a
+    # process can (sharded_ranks.py "quit"). The worker read stop and left too, with exit 0:
+    # it did not find the store gone first (exit 1, "the orchestrator is gone"), nor abort
+    # at its exit on a process group left undestroyed (-6). Three times: it is a race.
+    for i in range(3):
+        work = tmp_path / str(i)
+        work.mkdir()
+        _run(2, "quit", work, work)
+        assert "gone" not in (work / "rank1.log").read_text()
+
+
 def test_token_balanced_partition_evens_tokens_over_ranks():
     # LPT: 9 -> r0, 8 -> r1, 5 -> r1 (8 < 9), 4 -> r0, 1 -> r1 (13 = 13: fewer samples? r0 has 2,
     # r1 has 2 -> lower rank r0)
