@@ -163,6 +163,7 @@ class RankGroup:
         self._diagnosing = False
         self._command = "startup"  # rank 0: the command posted last
         self._stopped = threading.Event()
+        self._closed = False
         if not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             if "MASTER_PORT" not in os.environ:
@@ -402,9 +403,13 @@ class RankGroup:
         read it (``_await_workers_left``, at most ``DEAD_AFTER_S``); then stop the heartbeat
         and destroy the process group. Every rank calls this before it exits: a gloo
         process group left for the interpreter's exit aborts the process ("terminate
-        called without an active exception") once rank 0's store is gone."""
+        called without an active exception") once rank 0's store is gone. A second call
+        does nothing."""
         import torch.distributed as dist
 
+        if self._closed:
+            return
+        self._closed = True
         if self.info.is_orchestrator and self.world_size > 1 and self._command == "stop":
             self._await_workers_left()
         self._stopped.set()
