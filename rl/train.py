@@ -447,6 +447,14 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
                 raise ConfigError(f"trainer.domains.{b}.{name}: {e}") from None
 
 
+def router_label(router_cfg) -> str:
+    """What routes the run, in words: ``vllm-router (cache_aware)`` for the real vLLM Router
+    program (``router=vllm``), ``our router (kv_horizon)`` for ours; the policy alone named
+    the vLLM Router's run after the policy of ours with the same name."""
+    impl, policy = router_cfg.get("impl", "ours"), router_cfg.get("policy")
+    return f"vllm-router ({policy})" if impl == "vllm" else f"our router ({policy})"
+
+
 @hydra_entry("train")
 def main(cfg: DictConfig) -> None:
     from rl.distributed import RankGroup, rank_from_env
@@ -487,7 +495,7 @@ def _main(cfg: DictConfig, placement, group) -> None:
     os.environ.setdefault("WANDB_SILENT", "true")  # the progress bar and summary say enough
     with ServingStack(cfg, run_dir) as stack:
         console.print(f"engines up in {stack.timings_s.get('engines_s', 0):.0f} s: "
-                      f"{stack.engines.urls}; router ({cfg.router.get('impl', 'ours')}) at "
+                      f"{stack.engines.urls}; {router_label(cfg.router)} at "
                       f"{stack.router_url}")
         if placement is not None:
             use_trainer_gpus(placement)
@@ -508,7 +516,7 @@ def _main(cfg: DictConfig, placement, group) -> None:
                 overrides.append(agent_task_sets_override(cfg.agents.get("task_sets") or []))
                 _, agent_url = services.enter_context(launch_agent_server(run_dir / "logs", overrides))
             history = asyncio.run(train(cfg, stack, agent_url, reward_cfg, run_dir, console, group))
-    console.print(summary_table(history, title=f"{cfg.recipe.name} / router={cfg.router.get('policy')}"))
+    console.print(summary_table(history, title=f"{cfg.recipe.name} / {router_label(cfg.router)}"))
     if float(cfg.trainer.rho.get("rlvr", 0)) > 0:
         console.print(rlvr_settings_table(cfg.trainer))
     for p in plot_run(history, dict(cfg.trainer.rho), run_dir / "plots"):

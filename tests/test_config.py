@@ -278,3 +278,13 @@ def test_the_readme_config_table_lists_every_option_of_each_group():
     for group in ("recipe", "router", "model", "engine"):
         listed = set(re.findall(r"`([\w.-]+)`", rows[group]))
         assert set(group_options(group)) <= listed, (group, sorted(set(group_options(group)) - listed))
+
+
+def test_the_run_names_the_program_that_routes_it_not_only_the_policy():
+    # router=vllm's policy is the real vLLM Router's cache_aware, which ours has too: the
+    # run's summary title and start line say which program it was
+    from rl.train import router_label
+
+    assert router_label(compose("train", ["router=vllm"]).router) == "vllm-router (cache_aware)"
+    assert router_label(compose("train", ["router=cache-aware"]).router) == "our router (cache_aware)"
+    assert router_label(compose("train", ["router=kv-horizon"]).router) == "our router (kv_horizon)"
