@@ -9,8 +9,8 @@ trains, inside ``worker_loop``:
     RankGroup.init()  ---- rendezvous ----   RankGroup.init()
     post("build", ...) -> store key          next_command() (polls the store)
     collective body (scatter, FSDP)  <---->  same body, same order
-    post("stop")                             sets left/<r>, returns
-    close(): waits for every left/<r>        close()
+    post("stop")                             marks stopped/<r>, returns
+    close(): waits for every stopped/<r>     close()
 
 A command is a small picklable ``(name, args)`` written under a numbered key of the
 launcher's TCP store; bulk data (the step's samples) travels inside the command's
@@ -275,7 +275,7 @@ class RankGroup:
     def _failure(self, during: str, settle: bool) -> str | None:
         """The first worker that wrote an error line, else the first whose heartbeat stops
         within ``DEAD_AFTER_S``, as one line naming its log; None when none did. Workers
-        stopped by SIGTERM (marked in the store) are not failures; ``settle``: return None
+        marked stopped (``mark_stopped``: ``stop`` read, or SIGTERM) are not failures; ``settle``: return None
         at once when every worker is so marked."""
         workers = range(1, self.world_size)
         deadline = time.monotonic() + DEAD_AFTER_S
@@ -312,10 +312,7 @@ class RankGroup:
         """
         def handler(*_):
             if self.rank != 0:
-                try:
-                    self.store.set(f"{_PREFIX}stopped/{self.rank}", b"1")
-                except Exception:
-                    pass
+                self.mark_stopped()
                 raise SystemExit(143)
             if self._diagnosing:  # diagnose's answer comes first; the job ends with it
                 return
@@ -371,36 +368,18 @@ class RankGroup:
         info = pickle.loads(raw)
         return f"{info['host']}:{info['log']}" if info.get("log") else f"{info['host']} pid {info['pid']}"
 
-    def acknowledge_stop(self) -> None:
-        """Worker: tell rank 0 this rank read ``stop`` (rank 0's ``close`` waits for it)."""
+    def mark_stopped(self) -> None:
+        """Worker: record in the store that this rank stopped, not failed (it read ``stop``,
+        or torchrun's agent sent SIGTERM); rank 0's ``close`` and ``_failure`` read it."""
         try:
-            self.store.set(f"{_PREFIX}left/{self.rank}", b"1")
+            self.store.set(f"{_PREFIX}stopped/{self.rank}", b"1")
         except Exception:  # the store is gone: rank 0 left already
             pass
 
-    def _await_workers_left(self) -> None:
-        """Rank 0, after posting ``stop``: wait until every worker acknowledged it, one stops
-        beating, or ``DEAD_AFTER_S`` passed (a worker stuck in a collective), whichever is
-        first, so the store this rank hosts outlives the workers' last read of it."""
-        waiting = set(range(1, self.world_size))
-        beats = {r: self._counter(r) for r in waiting}
-        since = {r: time.monotonic() for r in waiting}
-        deadline = time.monotonic() + DEAD_AFTER_S
-        while waiting and time.monotonic() < deadline:
-            for r in list(waiting):
-                if self._get(f"{_PREFIX}left/{r}") is not None:
-                    waiting.discard(r)
-                    continue
-                beat = self._counter(r)
-                if beat != beats[r]:
-                    beats[r], since[r] = beat, time.monotonic()
-                elif time.monotonic() - since[r] > 3 * HEARTBEAT_S:  # died: nobody to wait for
-                    waiting.discard(r)
-            time.sleep(COMMAND_POLL_S)
-
     def close(self) -> None:
-        """Leave the group: on rank 0 after ``post("stop")``, first wait until the workers
-        read it (``_await_workers_left``, at most ``DEAD_AFTER_S``); then stop the heartbeat
+        """Leave the group: on rank 0 after ``post("stop")``, first wait until every worker
+        marked itself stopped (``mark_stopped``; at most ``DEAD_AFTER_S``, less when one wrote
+        an error line); then stop the heartbeat
         and destroy the process group. Every rank calls this before it exits: a gloo
         process group left for the interpreter's exit aborts the process ("terminate
         called without an active exception") once rank 0's store is gone. A second call
@@ -411,7 +390,7 @@ class RankGroup:
             return
         self._closed = True
         if self.info.is_orchestrator and self.world_size > 1 and self._command == "stop":
-            self._await_workers_left()
+            self._failure("stop", settle=True)  # until every worker is marked stopped
         self._stopped.set()
         if self._beat.is_alive() and self._beat is not threading.current_thread():
             self._beat.join(timeout=2 * HEARTBEAT_S)
@@ -447,7 +426,7 @@ def worker_loop(group: RankGroup, learner_factory) -> int:
         while True:
             name, args = group.next_command()
             if name == "stop":
-                group.acknowledge_stop()
+                group.mark_stopped()
                 return 0
             if name == "build":
                 learner = learner_factory(group, *args)
