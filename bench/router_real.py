@@ -142,13 +142,21 @@ class RouterRun:
         return make_policy(self.policy, self.router_cfg()["params"])
 
 
+REPLAY_PARAMS = {"kv_horizon": {"request_bound": False}}
+"""Options our policies run with here: the replay sends each request's exact output length as
+``max_tokens`` (router/replay.py), so kv_horizon's ``request_bound`` would know every sample's
+length in advance, which no trainer's request tells it."""
+
+
 def plan_runs(sweep: list[int], ceiling: int, policies: list[str]) -> list[RouterRun]:
     """The sweep of the real vLLM Router, then every router at the permissive ceiling."""
     runs = [RouterRun(f"vllm-router c={c}", "vllm", "cache_aware", c, sweep=True) for c in sweep]
     if ceiling not in sweep:
         runs.append(RouterRun(f"vllm-router c={ceiling}", "vllm", "cache_aware", ceiling))
-    runs += [RouterRun(f"{p} c={ceiling}", "ours", p, ceiling) for p in policies]
+    runs += [RouterRun(f"{p} c={ceiling}", "ours", p, ceiling, params=dict(REPLAY_PARAMS.get(p, {})))
+             for p in policies]
     return runs
+
 
 
 # ----------------------------------------------------------------------------- engines

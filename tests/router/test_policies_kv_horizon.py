@@ -143,6 +143,46 @@ def test_the_footprint_prior_is_at_most_its_share_of_the_instance() -> None:
         policy(footprint_prior_share=0.0)
 
 
+def test_a_last_request_reserves_at_most_its_max_tokens() -> None:
+    # prompt 64 tokens = 4 blocks, max_tokens 16 = 1 block: the engine stops it at 5 blocks, so
+    # it reserves 4 + min(10 growth, 1) = 5, and its lifetime floor min(k̄ prior 12.5, 4 + 1) = 5
+    last = dict(tokens=64, session_end=True, max_tokens=16)
+    for bound, reserved, admitted in ((True, 5.0, 18), (False, 14.0, 6)):
+        p = policy(lifetime_floor=True, request_bound=bound)
+        view = cluster("w0")
+        start(p, req("s0", cls="rlvr", **last), view, 0.0)
+        assert p.reserved_blocks("w0", 0.0) == pytest.approx(reserved)
+        n = 1
+        while isinstance(p.decide(req(f"s{n}", cls="rlvr", **last), view, 0.0), Admit):
+            p.observe(RequestStarted(req(f"s{n}", cls="rlvr", **last), "w0", 0.0))
+            n += 1
+        # budget 90: 18 x 5 with the bound; without it 6 x max(4 + 10, 12.5) = 84
+        assert n == admitted
+        assert p.reserved_blocks("w0", 0.0) == pytest.approx(admitted * reserved)
+
+
+def test_request_bound_applies_to_the_last_request_only_and_leaves_with_it() -> None:
+    p = policy()
+    view = cluster("w0")
+    # a turn that is not the session's last may be followed by more: full growth (10 blocks)
+    start(p, req("a", tokens=160, max_tokens=16), view, 0.0)
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(10 + 10)
+    # two last requests of one class: 10 prompt blocks + 1 each, and 10 + 3
+    one, three = req("b", tokens=160, session_end=True, max_tokens=16), req("c", tokens=160, session_end=True, max_tokens=48)
+    start(p, one, view, 0.0)
+    start(p, three, view, 0.0)
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 11 + 13)
+    # a last request whose max_tokens exceeds the growth reserves the growth (min(2 x 10, 101))
+    start(p, req("d", cls="rlhf", tokens=160, session_end=True, max_tokens=1600), view, 0.0)
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 11 + 13 + 20)
+    # each leaves with exactly what it reserved
+    p.observe(RequestFinished(three, "w0", 0.0, prompt_tokens=160, completion_tokens=48))
+    p.observe(RequestFinished(one, "w0", 0.0, prompt_tokens=160, completion_tokens=16))
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 20)
+    load = p._load("w0")
+    assert load.closing_by_class == {"rlhf": 1} and load.closing_growth == pytest.approx({"rlhf": 100.0})
+
+
 def test_stale_metrics_fall_back_to_the_model() -> None:
     p = policy(current_from="metrics", growth_model="session")
     start(p, req("s0", tokens=320), cluster("w0"), 0.5)
