@@ -158,7 +158,6 @@ def plan_runs(sweep: list[int], ceiling: int, policies: list[str]) -> list[Route
     return runs
 
 
-
 # ----------------------------------------------------------------------------- engines
 
 

@@ -172,7 +172,7 @@ def test_request_bound_applies_to_the_last_request_only_and_leaves_with_it() -> 
     start(p, one, view, 0.0)
     start(p, three, view, 0.0)
     assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 11 + 13)
-    # a last request whose max_tokens exceeds the growth reserves the growth (min(2 x 10, 101))
+    # a last request whose max_tokens exceeds the growth reserves the growth: 10 + min(10, 100)
     start(p, req("d", cls="rlhf", tokens=160, session_end=True, max_tokens=1600), view, 0.0)
     assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 11 + 13 + 20)
     # each leaves with exactly what it reserved
