@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
 
 
 class Tokenizer(Protocol):
@@ -163,9 +163,21 @@ class ChatRenderer:
         self.fmt = fmt
         self.end_token_id = tokenizer.token_id(fmt.end_token)
 
-    def first_prompt(self, system: str, user: str) -> list[int]:
-        """System and user messages, then the assistant's generation prompt."""
-        text = (self.fmt.message.format(role="system", content=system)
+    def first_prompt(self, system: str, user: str,
+                     demonstrations: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """System message, then each demonstration as a user message and the assistant's
+        answer to it (in-context examples, earlier turns of the same conversation), then
+        the user message and the assistant's generation prompt.
+
+        Args:
+            system: the system message's text.
+            user: the task's text.
+            demonstrations: (user text, assistant text) pairs, in order.
+        """
+        shown = "".join(self.fmt.message.format(role="user", content=asked)
+                        + self.fmt.message.format(role="assistant", content=answered)
+                        for asked, answered in demonstrations)
+        text = (self.fmt.message.format(role="system", content=system) + shown
                 + self.fmt.message.format(role="user", content=user)
                 + self.fmt.generation_prompt)
         return self.tok.encode(text)

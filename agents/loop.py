@@ -20,7 +20,7 @@ from agents.chat import ChatRenderer, Trajectory
 from agents.envs.task import Task, evaluate
 from rollout.client import ModelCallError, ModelClient
 from router.headers import SessionHeaders
-from agents.toolcall import ToolCallFormat, parse_tool_calls
+from agents.toolcall import ToolCallFormat, format_tool_call, parse_tool_calls
 from agents.tools import TOOL_SPECS, Observation, Toolbox
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace
 
@@ -30,6 +30,52 @@ DEFAULT_SYSTEM_PROMPT = (
     "<tool_call>\n{{\"name\": TOOL, \"arguments\": {{...}}}}\n</tool_call>\n"
     "Tools:\n{tools}\nWhen the tests pass, call submit."
 )
+
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One worked example shown before the task (an in-context example, as SWE-agent's
+    ``demonstrations``): an issue as the user states it and the one tool call that answers
+    it, rendered as an earlier user turn and assistant turn of the same conversation.
+
+    Why: with the tools' schemas alone SmolLM2-135M writes prose about the tools; shown
+    one exchange it copies the call format (bench/agent_solve_rate.py, README "Agents,
+    sandbox and tasks").
+
+    Attributes:
+        issue: the user's text.
+        tool: the tool called (a name in ``agents.tools.TOOL_SPECS``).
+        arguments: the call's arguments.
+    """
+
+    issue: str
+    tool: str
+    arguments: Mapping[str, Any]
+
+    def exchange(self, fmt: ToolCallFormat = ToolCallFormat()) -> tuple[str, str]:
+        """(user text, assistant text): the issue, and the call written in ``fmt``.
+
+        Raises:
+            ValueError: the call is not one the episode's parser would run (unknown tool,
+                missing or unexpected argument): a demonstration must show a valid call.
+        """
+        answer = format_tool_call(self.tool, self.arguments, fmt)
+        calls, problems = parse_tool_calls(answer, TOOL_SPECS, fmt)
+        if problems or len(calls) != 1:
+            why = problems[0].feedback if problems else "no call"
+            raise ValueError(f"demonstration calling {self.tool!r}: not a valid tool call ({why})")
+        return self.issue, answer
+
+
+DEFAULT_DEMONSTRATIONS: tuple[Demonstration, ...] = (
+    Demonstration(
+        issue=("Line 3 of box/__init__.py reads `SIZE = 2`; the value must be 9. "
+               "Change that line to `SIZE = 9`."),
+        tool="str_replace",
+        arguments={"path": "box/__init__.py", "old_str": "= 2", "new_str": "= 9"}),
+)
+"""The agent server's default: one edit of a package that no built-in task has."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +107,7 @@ class EpisodeConfig:
     isolation: IsolationConfig = IsolationConfig()
     tool_format: ToolCallFormat = ToolCallFormat()
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    demonstrations: tuple[Demonstration, ...] = DEFAULT_DEMONSTRATIONS
     max_observation_chars: int = 2000
     workspace_root: str | None = None
     close_session_with_request: bool = True
@@ -194,8 +241,9 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
     started = time.monotonic()
     lim = cfg.limits
     traj = Trajectory()
-    traj.add_context(renderer.first_prompt(tools_prompt(cfg.system_prompt),
-                                           task.problem_statement))
+    traj.add_context(renderer.first_prompt(
+        tools_prompt(cfg.system_prompt), task.problem_statement,
+        [d.exchange(cfg.tool_format) for d in cfg.demonstrations]))
     traj.prompt_len = len(traj)
     turns: list[TurnRecord] = []
     status, error, reward, outcomes, patch, eval_s = "turn_limit", "", 0.0, {}, "", 0.0

@@ -99,7 +99,9 @@ class ScriptedServer:
         if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
             return web.json_response({"error": "scripted server takes token-id prompts"}, status=400)
         text = self.tok.decode(prompt)
-        turn = text.count("<|im_start|>assistant") - 1
+        # The turn index: one observation message precedes each turn after the first
+        # (assistant messages are no count: demonstrations shown before the task are some).
+        turn = text.count("<|im_start|>user\n<tool_response>")
         answer = self.policy(headers.get("X-Session-Id", ""), turn, text)
         ids = self.tok.encode(answer) + [self.tok.token_id("<|im_end|>")]
         finish = "stop"

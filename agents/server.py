@@ -29,13 +29,14 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, Tokenizer
 from agents.envs.constant_fix import LEVELS as CONSTANT_FIX_LEVELS
 from agents.envs.task import Task, TaskError, load_tasks
-from agents.loop import DEFAULT_SYSTEM_PROMPT, EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode
+from agents.loop import (DEFAULT_DEMONSTRATIONS, DEFAULT_SYSTEM_PROMPT, Demonstration, EpisodeConfig,
+                         EpisodeLimits, EpisodeResult, run_episode)
 from rollout.client import ModelClient
 from router.headers import SessionHeaders
 from agents.toolcall import ToolCallFormat
@@ -111,10 +112,39 @@ def episode_config(cfg: DictConfig) -> EpisodeConfig:
         test_limits=_options(Limits, cfg.episode.test_limits, "episode.test_limits"),
         isolation=isolation, tool_format=_options(ToolCallFormat, cfg.tool_format, "tool_format"),
         system_prompt=cfg.episode.system_prompt or DEFAULT_SYSTEM_PROMPT,
+        demonstrations=demonstrations(cfg.episode.get("demonstrations"), _options(
+            ToolCallFormat, cfg.tool_format, "tool_format")),
         max_observation_chars=cfg.episode.max_observation_chars,
         workspace_root=sb.workspace_root,
         close_session_with_request=cfg.episode.close_session_with_request,
     )
+
+
+def demonstrations(node: Any, fmt: ToolCallFormat) -> tuple[Demonstration, ...]:
+    """``episode.demonstrations``: null gives ``agents.loop.DEFAULT_DEMONSTRATIONS``, ``[]``
+    none, else a list of ``{issue, tool, arguments}`` (each ``agents.loop.Demonstration``).
+
+    Raises:
+        AgentServerError: an entry that is no such mapping, or whose call is not a valid
+            tool call (unknown tool, missing or unexpected argument); names the entry.
+    """
+    if node is None:
+        return DEFAULT_DEMONSTRATIONS
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+    shown = []
+    for i, entry in enumerate(data):
+        where = f"episode.demonstrations[{i}]"
+        if (not isinstance(entry, dict) or set(entry) != {"issue", "tool", "arguments"}
+                or not isinstance(entry["issue"], str) or not isinstance(entry["arguments"], dict)):
+            raise AgentServerError(f"{where}: give {{issue: <text>, tool: <name>, arguments: "
+                                   f"{{...}}}} (got {entry!r})")
+        demo = Demonstration(entry["issue"], str(entry["tool"]), entry["arguments"])
+        try:
+            demo.exchange(fmt)
+        except ValueError as e:
+            raise AgentServerError(f"{where}: {e}") from None
+        shown.append(demo)
+    return tuple(shown)
 
 
 class AgentService:
@@ -364,6 +394,8 @@ VALUE_RULES: dict[str, Rule] = {
     "episode.limits.min_turn_tokens": (_WHOLE, "a whole number of tokens >= 1"),
     "episode.limits.max_episode_s": (number(above=0), "seconds > 0"),
     "episode.system_prompt": (or_null(lambda v: isinstance(v, str)), "a prompt text, or null"),
+    "episode.demonstrations": (or_null(lambda v: isinstance(v, list)),
+                               "a list of {issue, tool, arguments}, [] for none, or null for the default"),
     "episode.max_observation_chars": (_WHOLE, "a whole number >= 1"),
     "episode.close_session_with_request": (lambda v: isinstance(v, bool), "true or false"),
     "sandbox.bwrap": (is_text, "the bubblewrap program, e.g. bwrap"),

@@ -2,6 +2,7 @@
 
     python -m bench.agent_solve_rate [--sets constant_fix_l1 constant_fix_l2 ...]
                                      [--group-size 4] [--repeats 1] [--engine-url URL]
+                                     [--agent-overrides 'episode.demonstrations=[]']
 
 Why: agent groups whose rewards are all equal carry no gradient, and the 135M model solved
 none of the bug-injected or hand-made tasks, so the agent class gave no signal. This runs
@@ -114,6 +115,9 @@ def main() -> None:
     ap.add_argument("--engine-url", default=None, help="a running engine (default: start one)")
     ap.add_argument("--overrides", nargs="*", default=[],
                     help="train-config overrides, e.g. trainer.sampling.temperature=1.0")
+    ap.add_argument("--agent-overrides", nargs="*", default=[],
+                    help="agent-server overrides (recipes/agent_server.yaml), e.g. "
+                         "'episode.demonstrations=[]' (no worked example)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench/agent_solve_rate.json"))
     args = ap.parse_args()
     cfg = compose("train", ["run_dir=runs/bench", *args.overrides])
@@ -147,7 +151,8 @@ def main() -> None:
         extra = "extra_tasks_paths=[" + ",".join(str(task_set_path(s)) for s in args.sets) + "]"
         try:
             with launch_agent_server(logs, [f"router_url={router.url}", f"tokenizer={model_path}",
-                                            extra, "max_concurrent_episodes=32"],
+                                            extra, "max_concurrent_episodes=32",
+                                            *args.agent_overrides],
                                      start_timeout_s=120) as (_, agent_url):
                 results = {}
                 for name, ids in sets.items():

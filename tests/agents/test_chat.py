@@ -41,3 +41,14 @@ def test_rendered_turns_equal_whole_conversation_text():
         '<|im_start|>assistant\n<tool_call>{"name": "submit"}</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert r.model_text(model) == '<tool_call>{"name": "submit"}</tool_call>'
+
+
+def test_demonstrations_are_earlier_user_and_assistant_turns_in_order():
+    r = ChatRenderer(ByteTokenizer())
+    ids = r.first_prompt("sys", "fix it", [("fix a", "call a"), ("fix b", "call b")])
+    assert r.tok.decode(ids) == (
+        "<|im_start|>system\nsys<|im_end|>\n"
+        "<|im_start|>user\nfix a<|im_end|>\n<|im_start|>assistant\ncall a<|im_end|>\n"
+        "<|im_start|>user\nfix b<|im_end|>\n<|im_start|>assistant\ncall b<|im_end|>\n"
+        "<|im_start|>user\nfix it<|im_end|>\n<|im_start|>assistant\n")
+    assert r.first_prompt("sys", "fix it", []) == r.first_prompt("sys", "fix it")

@@ -85,8 +85,9 @@ async def test_grader_gives_one_for_the_fix_and_zero_for_no_change_or_a_wrong_va
 
 
 def _copy_the_shown_call(_session, turn, prompt):
-    """A policy that makes the tool call the level-1 statement shows, then submits."""
-    shown = re.search(r"<tool_call>.*?</tool_call>", prompt.split("<|im_start|>user", 1)[1], re.S)
+    """A policy that makes the tool call the level-1 statement shows, then submits (the
+    task is the last user message: the demonstrations' calls come before it)."""
+    shown = re.search(r"<tool_call>.*?</tool_call>", prompt.rsplit("<|im_start|>user", 1)[1], re.S)
     return shown.group(0) if turn == 0 else tool_call("submit")
 
 

@@ -23,6 +23,11 @@ def _run(*overrides: str) -> subprocess.CompletedProcess:
     ("port=http", 2, "port='http' is invalid: give a TCP port number (0-65535)."),
     ("router_url=localhost:8100", 2, "router_url='localhost:8100' is invalid: give the router's base URL"),
     ("episode.command_limits.cpu_s=lots", 2, "episode.command_limits: option 'cpu_s' must be an integer"),
+    ("episode.demonstrations=abc", 2, "episode.demonstrations='abc' is invalid: give a list of {issue, tool, arguments}"),
+    ("episode.demonstrations=[{issue: x, tool: nope, arguments: {}}]", 2,
+     "episode.demonstrations[0]: demonstration calling 'nope': not a valid tool call (Unknown tool 'nope'"),
+    ("episode.demonstrations=[{issue: x, tool: str_replace, arguments: {path: a.py}}]", 2,
+     "missing argument(s) old_str, new_str"),
 ])
 def test_bad_override_is_one_line_with_what_is_valid(override, code, expected):
     r = _run(override)

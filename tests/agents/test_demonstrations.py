@@ -1,0 +1,81 @@
+"""Worked examples before the task (``episode.demonstrations``): the call shown is one the
+episode's parser runs, the server's config gives the default, none, or the user's list, and
+an episode's first prompt carries them before the task."""
+
+import httpx
+import pytest
+from omegaconf import OmegaConf
+
+from agents.chat import ByteTokenizer, ChatRenderer
+from agents.loop import DEFAULT_DEMONSTRATIONS, Demonstration, EpisodeConfig, EpisodeLimits, run_episode
+from agents.scripted import ScriptedServer, tool_call
+from agents.server import AgentServerError, demonstrations
+from agents.toolcall import ToolCallFormat, parse_tool_calls
+from agents.tools import TOOL_SPECS
+from rollout.client import ModelClient
+from router.headers import SessionHeaders
+
+
+def test_the_default_demonstration_shows_a_call_the_parser_runs():
+    (demo,) = DEFAULT_DEMONSTRATIONS
+    issue, answer = demo.exchange()
+    calls, problems = parse_tool_calls(answer, TOOL_SPECS)
+    assert not problems and [(c.name, c.arguments) for c in calls] == [("str_replace", dict(demo.arguments))]
+    assert issue == demo.issue and "box/__init__.py" in issue
+
+
+def test_a_demonstration_is_written_in_the_episode_tool_format():
+    fmt = ToolCallFormat(open_tag="<call>", close_tag="</call>")
+    _, answer = Demonstration("x", "submit", {}).exchange(fmt)
+    assert answer.startswith("<call>\n") and answer.endswith("\n</call>")
+
+
+@pytest.mark.parametrize(("tool", "arguments", "why"), [
+    ("nope", {}, "Unknown tool 'nope'"),
+    ("str_replace", {"path": "a.py"}, "missing argument(s) old_str, new_str"),
+    ("submit", {"extra": 1}, "unknown argument(s) extra"),
+])
+def test_a_demonstration_of_an_invalid_call_is_refused(tool, arguments, why):
+    with pytest.raises(ValueError, match="not a valid tool call") as e:
+        Demonstration("x", tool, arguments).exchange()
+    assert why in str(e.value)
+
+
+def test_server_config_null_is_the_default_an_empty_list_none():
+    fmt = ToolCallFormat()
+    assert demonstrations(None, fmt) == DEFAULT_DEMONSTRATIONS
+    assert demonstrations(OmegaConf.create([]), fmt) == ()
+    mine = demonstrations(OmegaConf.create([{"issue": "i", "tool": "submit", "arguments": {}}]), fmt)
+    assert mine == (Demonstration("i", "submit", {}),)
+
+
+@pytest.mark.parametrize("entry", ["x", {"issue": "i", "tool": "submit"}, {"issue": 3, "tool": "submit", "arguments": {}}])
+def test_server_config_entry_of_the_wrong_shape_names_its_index(entry):
+    good = {"issue": "i", "tool": "submit", "arguments": {}}
+    with pytest.raises(AgentServerError, match=r"episode.demonstrations\[1\]: give \{issue"):
+        demonstrations(OmegaConf.create([good, entry]), ToolCallFormat())
+
+
+@pytest.mark.parametrize("shown", [(), DEFAULT_DEMONSTRATIONS])
+async def test_an_episode_prompt_carries_the_demonstrations_before_the_task(handmade_tasks, shown):
+    task = handmade_tasks["handmade__stats_mean"]
+    renderer = ChatRenderer(ByteTokenizer())
+    cfg = EpisodeConfig(limits=EpisodeLimits(max_turns=2, max_context_tokens=65536,
+                                             max_tokens_per_turn=4096),
+                        demonstrations=shown)
+    server = ScriptedServer(lambda s, turn, p: [tool_call("bash", command="ls"), tool_call("submit")][turn])
+    runner, url = await server.start()
+    try:
+        async with httpx.AsyncClient() as http:
+            client = ModelClient(http, url, "scripted", retries=0)
+            result = await run_episode(task, SessionHeaders("s", "agent", group_id="g", unit_id="u"),
+                                       client, renderer, cfg)
+    finally:
+        await runner.cleanup()
+    # the scripted policy saw turns 0 and 1 (not shifted by the demonstrations' turns)
+    assert [t.tool_calls for t in result.turns] == [["bash"], ["submit"]]
+    prompt = renderer.tok.decode(result.prompt_ids)
+    assert prompt.endswith(f"<|im_start|>user\n{task.problem_statement}<|im_end|>\n<|im_start|>assistant\n")
+    for issue, answer in (d.exchange() for d in shown):
+        assert f"<|im_start|>user\n{issue}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n" in prompt
+    assert prompt.count("<|im_start|>assistant\n") == len(shown) + 1
