@@ -11,11 +11,11 @@ and at the last evaluated step, the gain in points, the ratio end / step 0, the 
 reward of all rollouts (``rollout_reward_by_class``, filtered groups included: the
 policy's reward on what it generated) over the first and the second half of the
 iterations, the rlvr units that entered a gradient
-over the run and the gain per 100 of them (learning per trained sample, which a loaded
+over the run and the gain per 100 of them, the same two figures for the agent class (learning per trained sample, which a loaded
 machine does not change, unlike the wall time), and the run's wall time; before that, one
 table per run: the metric at each evaluated step, and per iteration the rlvr reward of
 all rollouts and of the trained groups, the rlvr units and informative groups trained,
-all units trained and the update time. ``--runs`` reads
+the agent reward of all rollouts and agent units trained, all units trained and the update time. ``--runs`` reads
 finished run folders instead of training (no engine needed); one without a step-0
 evaluation is refused with one ``error:`` line, exit code 2, before anything is printed,
 and one that stopped before ``trainer.iterations`` (its ``config.yaml``) is read but named
@@ -70,19 +70,30 @@ def curve(run_dir: Path, metric: str) -> dict:
               if "trained_units_by_class" in h else None,
               "rlvr_groups": (h.get("trained_groups_by_class") or {}).get("rlvr", 0)
               if "trained_groups_by_class" in h else None,
+              "agent_rollout_reward": (h.get("rollout_reward_by_class") or {}).get("agent"),
+              "agent_units": (h.get("trained_units_by_class") or {}).get("agent", 0)
+              if "trained_units_by_class" in h else None,
               "trained_units": h.get("trained_units"), "update_s": h.get("update_s")}
              for h in lines if not h.get("baseline")]
     planned = _planned_iterations(run_dir)
     done = max((h["iteration"] for h in lines), default=0)
     counted = [s["rlvr_units"] for s in steps if s["rlvr_units"] is not None]
-    rollout = [s["rlvr_rollout_reward"] for s in steps if s["rlvr_rollout_reward"] is not None]
-    half = len(rollout) // 2
+    agent_counted = [s["agent_units"] for s in steps if s["agent_units"] is not None]
     return {"start": evals[0][1], "end": evals[-1][1], "end_step": evals[-1][0],
             "points": evals, "steps": steps, "iterations_done": done, "iterations_planned": planned,
             "stopped": planned is not None and done < planned,
             "rlvr_trained": sum(counted) if counted else None,
-            "rollout_halves": (statistics.mean(rollout[:half]), statistics.mean(rollout[half:]))
-            if half else None}
+            "agent_trained": sum(agent_counted) if agent_counted else None,
+            "rollout_halves": _halves([s["rlvr_rollout_reward"] for s in steps]),
+            "agent_rollout_halves": _halves([s["agent_rollout_reward"] for s in steps])}
+
+
+def _halves(values: list[float | None]) -> tuple[float, float] | None:
+    """Mean of the first and of the second half of the iterations that have a value
+    (an iteration that completed no rollout of the class has none); None under 2 values."""
+    xs = [x for x in values if x is not None]
+    half = len(xs) // 2
+    return (statistics.mean(xs[:half]), statistics.mean(xs[half:])) if half else None
 
 
 def _planned_iterations(run_dir: Path) -> int | None:
@@ -109,12 +120,14 @@ def step_table(name: str, c: dict) -> Table:
     the update time (runs written before those metrics existed show blanks)."""
     t = Table(title=f"{name}: per iteration (eval at step 0: {c['start']:.3f})")
     for col in ("iteration", "eval", "rlvr reward, all rollouts", "rlvr reward, trained groups",
-                "rlvr units trained", "rlvr groups trained", "units trained", "update s"):
+                "rlvr units trained", "rlvr groups trained", "agent reward, all rollouts",
+                "agent units trained", "units trained", "update s"):
         t.add_column(col, justify="right")
     for s in c["steps"]:
         t.add_row(str(s["iteration"]), _fmt(s["eval"], ".3f"), _fmt(s["rlvr_rollout_reward"], ".3f"),
                   _fmt(s["rlvr_reward"], ".3f"),
                   _fmt(s["rlvr_units"], "d"), _fmt(s["rlvr_groups"], "d"),
+                  _fmt(s["agent_rollout_reward"], ".3f"), _fmt(s["agent_units"], "d"),
                   _fmt(s["trained_units"], "d"), _fmt(s["update_s"], ".0f"))
     return t
 
@@ -154,8 +167,8 @@ def main() -> None:
     table = Table(title=f"{args.metric}: step 0 -> last evaluated step")
     for col in ("run", "step 0", "end (step)", "gain (points)", "ratio to step 0",
                 "rlvr reward, all rollouts: 1st half -> 2nd half", "rlvr units trained",
-                "points per 100 rlvr units",
-                "wall (min)"):
+                "points per 100 rlvr units", "agent reward, all rollouts: 1st half -> 2nd half",
+                "agent units trained", "wall (min)"):
         table.add_column(col, justify="right")
     try:  # every folder read before anything is printed
         curves = [(name, curve(run_dir, args.metric), wall) for name, run_dir, wall in runs]
@@ -174,17 +187,17 @@ def main() -> None:
         ends.append(c["end"])
         gains.append(100 * (c["end"] - c["start"]))
         ratios.append(ratio)
-        rl = (f"{c['rollout_halves'][0]:.3f} -> {c['rollout_halves'][1]:.3f}"
-              if c["rollout_halves"] else "n/a")
+        rl, ag = (f"{h[0]:.3f} -> {h[1]:.3f}" if h else "n/a"
+                  for h in (c["rollout_halves"], c["agent_rollout_halves"]))
         n = c["rlvr_trained"]
         console.print(step_table(name, c))
         table.add_row(name, f"{c['start']:.3f}", f"{c['end']:.3f} ({c['end_step']})",
                       f"{gains[-1]:+.1f}", f"{ratio:.2f}", rl, _fmt(n, "d"),
-                      f"{100 * gains[-1] / n:+.2f}" if n else "",
+                      f"{100 * gains[-1] / n:+.2f}" if n else "", ag, _fmt(c["agent_trained"], "d"),
                       f"{wall / 60:.1f}" if wall is not None else "")
     finite = [r for r in ratios if r != float("inf")]
     table.add_row("mean +- sd", _mean_sd(starts), _mean_sd(ends), _mean_sd(gains), _mean_sd(finite),
-                  "", "", "", "")
+                  "", "", "", "", "", "")
     console.print(table)
 
 

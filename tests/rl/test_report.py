@@ -121,7 +121,8 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
         h["trained_units"] = units + 4
         h["trained_units_by_class"] = {"rlhf": 4, **({"rlvr": units} if units else {})}
         h["trained_groups_by_class"] = {"rlhf": 1, **({"rlvr": groups} if groups else {})}
-        h["rollout_reward_by_class"] = {"rlvr": 0.1 * h["iteration"], "agent": 0.0}
+        h["trained_units_by_class"]["agent"] = 4 * h["iteration"]
+        h["rollout_reward_by_class"] = {"rlvr": 0.1 * h["iteration"], "agent": 0.25 * (h["iteration"] > 1)}
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in lines))
     c = curve(tmp_path, "eval/arithmetic/pass@1")
     assert c["points"] == [(0, 0.2), (3, 0.35)] and (c["start"], c["end"], c["end_step"]) == (0.2, 0.35, 3)
@@ -133,6 +134,9 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
     assert [s["rlvr_rollout_reward"] for s in c["steps"]] == [0.1, 0.2, 0.1 * 3]
     first, second = c["rollout_halves"]
     assert abs(first - 0.1) < 1e-9 and abs(second - 0.25) < 1e-9
+    # the agent class: its rollouts' reward, halves the same way, and its units trained
+    assert [s["agent_rollout_reward"] for s in c["steps"]] == [0.0, 0.25, 0.25]
+    assert c["agent_rollout_halves"] == (0.0, 0.25) and c["agent_trained"] == 4 + 8 + 12
     assert step_table("seed 0", c).row_count == 3
     assert c["iterations_planned"] is None and not c["stopped"]  # no config.yaml: nothing to compare
     (tmp_path / "config.yaml").write_text("trainer:\n  iterations: 8\n")
