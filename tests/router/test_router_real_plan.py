@@ -46,6 +46,7 @@ def test_cpu_workload_keeps_the_paper_shape():
 @pytest.mark.parametrize("args, message", [
     (["--sweep", "8,x"], "--sweep: expected comma-separated integers"),
     (["--policies", "misa_t,nope"], "--policies"),
+    (["--policies", "aimd"], "--policies: unknown ['aimd']; valid: round_robin, vllm_router"),
     (["--minutes", "0"], "--minutes must be a positive number"),
     (["--minutes", "nan"], "--minutes must be a positive number"),
     (["--kv-tokens", "1024"], "--kv-tokens 1024 is below --max-model-len 2048"),
