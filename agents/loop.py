@@ -108,6 +108,7 @@ class EpisodeConfig:
     tool_format: ToolCallFormat = ToolCallFormat()
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     demonstrations: tuple[Demonstration, ...] = DEFAULT_DEMONSTRATIONS
+    tool_listing: str = "schemas"
     max_observation_chars: int = 2000
     workspace_root: str | None = None
     close_session_with_request: bool = True
@@ -216,9 +217,26 @@ class EpisodeResult:
         return cls(**{k: v for k, v in d.items() if k in names and k != "turns"}, turns=turns)
 
 
-def tools_prompt(system_prompt: str) -> str:
-    """The system prompt with the tools' JSON schemas filled in."""
-    tools = "\n".join(json.dumps(s.as_json_schema()["function"]) for s in TOOL_SPECS.values())
+TOOL_LISTINGS = ("schemas", "signatures")
+"""How ``{tools}`` in the system prompt lists the tools: ``schemas``, each tool's JSON
+function schema (what chat templates with tool support render; 482 tokens of SmolLM2's
+tokenizer for the six tools), or ``signatures``, one line each, ``name(args): description``
+(126 tokens): a shorter prompt for small models, whose training step must forward every
+prompt token of every agent trajectory."""
+
+
+def tools_prompt(system_prompt: str, listing: str = "schemas") -> str:
+    """The system prompt with the tools filled in as ``listing`` (``TOOL_LISTINGS``).
+
+    Raises:
+        ValueError: ``listing`` is not one of ``TOOL_LISTINGS``.
+    """
+    if listing == "schemas":
+        tools = "\n".join(json.dumps(s.as_json_schema()["function"]) for s in TOOL_SPECS.values())
+    elif listing == "signatures":
+        tools = "\n".join(s.signature() for s in TOOL_SPECS.values())
+    else:
+        raise ValueError(f"tool listing {listing!r}: choose one of {', '.join(TOOL_LISTINGS)}")
     return system_prompt.format(tools=tools)
 
 
@@ -242,7 +260,7 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
     lim = cfg.limits
     traj = Trajectory()
     traj.add_context(renderer.first_prompt(
-        tools_prompt(cfg.system_prompt), task.problem_statement,
+        tools_prompt(cfg.system_prompt, cfg.tool_listing), task.problem_statement,
         [d.exchange(cfg.tool_format) for d in cfg.demonstrations]))
     traj.prompt_len = len(traj)
     turns: list[TurnRecord] = []

@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, Tokenizer
 from agents.envs.constant_fix import LEVELS as CONSTANT_FIX_LEVELS
 from agents.envs.task import Task, TaskError, load_tasks
-from agents.loop import (DEFAULT_DEMONSTRATIONS, DEFAULT_SYSTEM_PROMPT, Demonstration, EpisodeConfig,
-                         EpisodeLimits, EpisodeResult, run_episode)
+from agents.loop import (DEFAULT_DEMONSTRATIONS, DEFAULT_SYSTEM_PROMPT, TOOL_LISTINGS, Demonstration,
+                         EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode)
 from rollout.client import ModelClient
 from router.headers import SessionHeaders
 from agents.toolcall import ToolCallFormat
@@ -114,6 +114,7 @@ def episode_config(cfg: DictConfig) -> EpisodeConfig:
         system_prompt=cfg.episode.system_prompt or DEFAULT_SYSTEM_PROMPT,
         demonstrations=demonstrations(cfg.episode.get("demonstrations"), _options(
             ToolCallFormat, cfg.tool_format, "tool_format")),
+        tool_listing=cfg.episode.tool_listing,
         max_observation_chars=cfg.episode.max_observation_chars,
         workspace_root=sb.workspace_root,
         close_session_with_request=cfg.episode.close_session_with_request,
@@ -394,6 +395,7 @@ VALUE_RULES: dict[str, Rule] = {
     "episode.limits.min_turn_tokens": (_WHOLE, "a whole number of tokens >= 1"),
     "episode.limits.max_episode_s": (number(above=0), "seconds > 0"),
     "episode.system_prompt": (or_null(lambda v: isinstance(v, str)), "a prompt text, or null"),
+    "episode.tool_listing": (lambda v: v in TOOL_LISTINGS, " or ".join(TOOL_LISTINGS)),
     "episode.demonstrations": (or_null(lambda v: isinstance(v, list)),
                                "a list of {issue, tool, arguments}, [] for none, or null for the default"),
     "episode.max_observation_chars": (_WHOLE, "a whole number >= 1"),

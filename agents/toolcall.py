@@ -88,6 +88,11 @@ class ToolSpec:
     required: Mapping[str, str] = field(default_factory=dict)
     optional: Mapping[str, str] = field(default_factory=dict)
 
+    def signature(self) -> str:
+        """One line: ``name(arg, [optional_arg]): description`` (the compact tool listing)."""
+        args = [*self.required, *(f"[{k}]" for k in self.optional)]
+        return f"{self.name}({', '.join(args)}): {self.description}"
+
     def as_json_schema(self) -> dict[str, Any]:
         """The OpenAI/Hermes ``function`` schema of this tool (all arguments strings)."""
         props = {k: {"type": "string", "description": v}

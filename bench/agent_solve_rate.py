@@ -9,8 +9,8 @@ none of the bug-injected or hand-made tasks, so the agent class gave no signal. 
 each task of each set ``--group-size`` times (one GRPO group per task and repeat) as the
 trainer does: one real vLLM engine (started here unless ``--engine-url``), our router
 (the default recipe's policy) in front of it, and the agent server with the sandbox, with
-the default recipe's episode limits (``trainer.agent_limits``) and sampling
-(``trainer.sampling``). Prints per set: episodes, mean reward, solved share, the share of
+the default recipe's episode limits (``trainer.agent_limits``), sampling
+(``trainer.sampling``) and tool listing (``agents.tool_listing``). Prints per set: episodes, mean reward, solved share, the share of
 groups with unequal rewards (those train), how many episodes made a well-formed tool call
 and a ``str_replace``, and the episodes' end states; writes every result, with the text of
 each model turn, to ``--out``.
@@ -152,6 +152,7 @@ def main() -> None:
         try:
             with launch_agent_server(logs, [f"router_url={router.url}", f"tokenizer={model_path}",
                                             extra, "max_concurrent_episodes=32",
+                                            f"episode.tool_listing={cfg.agents.tool_listing}",
                                             *args.agent_overrides],
                                      start_timeout_s=120) as (_, agent_url):
                 results = {}

@@ -318,7 +318,10 @@ def validate_job_cfg(cfg: DictConfig):
     from rollout.weight_sync import WORKER_EXTENSION
     from router.launch import check_router_cfg
 
-    check_values(cfg, {"seed": SEED_RULE})
+    from agents.loop import TOOL_LISTINGS
+
+    check_values(cfg, {"seed": SEED_RULE,
+                       "agents.tool_listing": (lambda v: v in TOOL_LISTINGS, " or ".join(TOOL_LISTINGS))})
     check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     agent_task_sets_override(cfg.agents.get("task_sets") or [])
@@ -514,6 +517,7 @@ def _main(cfg: DictConfig, placement, group) -> None:
                 if cfg.agents.tasks_path:
                     overrides.append(f"tasks_path={repo_path(cfg.agents.tasks_path)}")
                 overrides.append(agent_task_sets_override(cfg.agents.get("task_sets") or []))
+                overrides.append(f"episode.tool_listing={cfg.agents.tool_listing}")
                 _, agent_url = services.enter_context(launch_agent_server(run_dir / "logs", overrides))
             history = asyncio.run(train(cfg, stack, agent_url, reward_cfg, run_dir, console, group))
     console.print(summary_table(history, title=f"{cfg.recipe.name} / {router_label(cfg.router)}"))

@@ -1,13 +1,15 @@
 """Worked examples before the task (``episode.demonstrations``): the call shown is one the
 episode's parser runs, the server's config gives the default, none, or the user's list, and
-an episode's first prompt carries them before the task."""
+an episode's first prompt carries them before the task. And the two tool listings of the
+system prompt (``episode.tool_listing``)."""
 
 import httpx
 import pytest
 from omegaconf import OmegaConf
 
 from agents.chat import ByteTokenizer, ChatRenderer
-from agents.loop import DEFAULT_DEMONSTRATIONS, Demonstration, EpisodeConfig, EpisodeLimits, run_episode
+from agents.loop import (DEFAULT_DEMONSTRATIONS, DEFAULT_SYSTEM_PROMPT, Demonstration, EpisodeConfig,
+                         EpisodeLimits, run_episode, tools_prompt)
 from agents.scripted import ScriptedServer, tool_call
 from agents.server import AgentServerError, demonstrations
 from agents.toolcall import ToolCallFormat, parse_tool_calls
@@ -79,3 +81,33 @@ async def test_an_episode_prompt_carries_the_demonstrations_before_the_task(hand
     for issue, answer in (d.exchange() for d in shown):
         assert f"<|im_start|>user\n{issue}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n" in prompt
     assert prompt.count("<|im_start|>assistant\n") == len(shown) + 1
+
+
+def test_the_signature_listing_names_every_tool_and_argument_on_one_line_each():
+    text = tools_prompt(DEFAULT_SYSTEM_PROMPT, "signatures")
+    lines = [line for line in text.splitlines() if "(" in line and "): " in line]
+    assert lines == [spec.signature() for spec in TOOL_SPECS.values()]
+    assert "str_replace(path, old_str, new_str): Replace" in text
+    assert "read_file(path, [start_line], [end_line]): " in text and "submit(): Finish" in text
+    assert len(text) < len(tools_prompt(DEFAULT_SYSTEM_PROMPT, "schemas")) / 2
+    assert '"parameters"' in tools_prompt(DEFAULT_SYSTEM_PROMPT) and '"parameters"' not in text
+    with pytest.raises(ValueError, match="tool listing 'json': choose one of schemas, signatures"):
+        tools_prompt(DEFAULT_SYSTEM_PROMPT, "json")
+
+
+async def test_an_episode_prompt_lists_the_tools_as_configured(handmade_tasks):
+    renderer = ChatRenderer(ByteTokenizer())
+    server = ScriptedServer(lambda s, turn, p: tool_call("submit"))
+    runner, url = await server.start()
+    try:
+        async with httpx.AsyncClient() as http:
+            client = ModelClient(http, url, "scripted", retries=0)
+            cfg = EpisodeConfig(limits=EpisodeLimits(max_turns=1, max_context_tokens=65536),
+                                tool_listing="signatures")
+            result = await run_episode(handmade_tasks["handmade__stats_mean"],
+                                       SessionHeaders("s", "agent", group_id="g", unit_id="u"),
+                                       client, renderer, cfg)
+    finally:
+        await runner.cleanup()
+    prompt = renderer.tok.decode(result.prompt_ids)
+    assert tools_prompt(DEFAULT_SYSTEM_PROMPT, "signatures") in prompt

@@ -23,6 +23,7 @@ def _run(*overrides: str) -> subprocess.CompletedProcess:
     ("port=http", 2, "port='http' is invalid: give a TCP port number (0-65535)."),
     ("router_url=localhost:8100", 2, "router_url='localhost:8100' is invalid: give the router's base URL"),
     ("episode.command_limits.cpu_s=lots", 2, "episode.command_limits: option 'cpu_s' must be an integer"),
+    ("episode.tool_listing=json", 2, "episode.tool_listing='json' is invalid: give schemas or signatures."),
     ("episode.demonstrations=abc", 2, "episode.demonstrations='abc' is invalid: give a list of {issue, tool, arguments}"),
     ("episode.demonstrations=[{issue: x, tool: nope, arguments: {}}]", 2,
      "episode.demonstrations[0]: demonstration calling 'nope': not a valid tool call (Unknown tool 'nope'"),

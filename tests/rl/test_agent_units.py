@@ -27,6 +27,14 @@ def test_an_unknown_task_set_is_refused_before_anything_starts():
         validate_job_cfg(cfg)
 
 
+def test_an_unknown_tool_listing_is_refused_before_anything_starts():
+    from rl.train import validate_job_cfg
+
+    cfg = compose("train", ["run_dir=runs/test", "agents.tool_listing=json"])
+    with pytest.raises(ConfigError, match="agents.tool_listing='json' is invalid: give schemas or signatures"):
+        validate_job_cfg(cfg)
+
+
 class RecordingAgentClient:
     """Answers every episode request with a one-turn solved episode; keeps the request."""
 

@@ -23,7 +23,7 @@ def test_default_recipe_resolves_to_the_learning_settings():
     assert (t["eval"]["temperature"], t["eval"]["top_p"], t["eval"]["max_tokens"]) == (0.8, 0.95, 256)
     assert t["dynamic_sampling"] == {"enabled": True, "max_release_factor": 3}
     assert t["loss"]["tis_cap"] is None
-    assert list(cfg.agents.task_sets) == ["constant_fix_l1"]
+    assert list(cfg.agents.task_sets) == ["constant_fix_l1"] and cfg.agents.tool_listing == "signatures"
 
 
 def test_default_recipe_passes_the_pre_start_checks():
