@@ -36,6 +36,11 @@ class Learner(WeightSource, Protocol):
         """One optimizer step on a batch's samples (called in a worker thread once
         ``groups_per_step`` groups are ready); returns its figures (``loss``, ``kl``, ...)."""
 
+    def abort_step(self) -> None:
+        """Called from the event loop's thread when the job stops during a ``step``: the
+        step should end soon, without updating (``rl.learner.StepAborted``), or may run to
+        its end where it cannot stop early."""
+
     def save_checkpoint(self, folder: Path, extra: dict[str, Any] | None = None) -> Path:
         """Model, optimizer, version and the JSON-able ``extra`` (sampler and mixture ledger
         state) in ``folder``, replaced atomically (every ``checkpoint_every`` steps)."""

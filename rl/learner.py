@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,11 @@ STATE_FILE = "trainer_state.json"
 
 class LearnerError(RuntimeError):
     """The learner could not load, train or checkpoint; the message says what to do."""
+
+
+class StepAborted(LearnerError):
+    """``Learner.step`` stopped before its optimizer step because ``abort_step`` was called
+    (the job is stopping); the weights, the optimizer state and ``version`` are unchanged."""
 
 
 @dataclass
@@ -283,6 +289,7 @@ class Learner:
         self.device = _resolve_device(self.cfg.device)
         model, self.tokenizer, self.pad_token_id = load_policy(self.model_path, self.cfg)
         self.version = 0
+        self._abort = threading.Event()
         model.to(self.device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
                                 weight_decay=self.cfg.weight_decay)
@@ -364,6 +371,14 @@ class Learner:
 
     # ------------------------------------------------------------------ update
 
+    def abort_step(self) -> None:
+        """Make the running ``step`` (in another thread) stop before its next micro-batch
+        and raise ``StepAborted``, its gradients dropped. Called when the job stops (Ctrl-C,
+        SIGTERM): a step of long agent trajectories on CPU takes minutes, and the process
+        would otherwise wait for it at exit (the interpreter joins the worker thread). With
+        no step running, the next ``step`` is the one aborted, at its first micro-batch."""
+        self._abort.set()
+
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One GRPO update on ``samples``; ``version`` += 1.
 
@@ -379,6 +394,7 @@ class Learner:
 
         Raises:
             GRPOError: malformed samples (see ``rl.grpo.TrainSample``).
+            StepAborted: ``abort_step`` was called; nothing was updated.
         """
         t0 = time.perf_counter()
         batch = collate(samples, self.pad_token_id)
@@ -393,6 +409,12 @@ class Learner:
         if self._engine is None:
             self.optimizer.zero_grad(set_to_none=True)
         for k, s in enumerate(starts):
+            if self._abort.is_set():
+                self._abort.clear()
+                if self._engine is None:
+                    self.optimizer.zero_grad(set_to_none=True)
+                raise StepAborted(f"step aborted after {k} of {len(starts)} micro-batches "
+                                  "(the job is stopping); nothing was updated")
             mb = batch.slice(s, min(s + mbs, n_seqs))
             if self._engine is not None:
                 self._engine.set_gradient_accumulation_boundary(k == len(starts) - 1)

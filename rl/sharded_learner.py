@@ -358,6 +358,11 @@ class ShardedLearner(Learner):
 
     # ------------------------------------------------------------------ update
 
+    def abort_step(self) -> None:
+        """Does nothing: a sharded step runs to its end, since every rank must leave its
+        collectives together (a stopping job waits for it; ``RankGroup.close`` then stops
+        the ranks)."""
+
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One GRPO update on ``samples`` over all ranks; ``version`` += 1.
 

@@ -351,10 +351,13 @@ class Trainer:
                     self.filtered_for_step = 0
                     update = asyncio.ensure_future(self._update(batch, it))
         finally:
-            for task in in_flight:
+            # Stopping (an error, Ctrl-C, SIGTERM): the rollouts and a running update are
+            # cancelled and waited for; the update's learner step is aborted (_update).
+            pending = [*in_flight, *([update] if update is not None else [])]
+            for task in pending:
                 task.cancel()
-            if in_flight:
-                await asyncio.gather(*in_flight, return_exceptions=True)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
         return self.history
 
     def _pick_batch(self, ready: list[list[UnitResult]]) -> tuple[list[list[UnitResult]], list[list[UnitResult]]]:
@@ -495,7 +498,13 @@ class Trainer:
         staleness = [self.learner.version - r.unit.policy_version for g in batch for r in g if r.ok]
         step: dict[str, Any] = {}
         if samples:
-            step = await asyncio.to_thread(self.learner.step, samples)
+            try:
+                step = await asyncio.to_thread(self.learner.step, samples)
+            except asyncio.CancelledError:
+                # The job is stopping (Ctrl-C, SIGTERM): the thread would otherwise run the
+                # step to its end, and the interpreter waits for it at exit.
+                self.learner.abort_step()
+                raise
         else:
             # Nothing to learn from: no optimizer step, so no new policy version and no
             # weight sync; the iteration still counts (the loop must end).

@@ -169,3 +169,40 @@ def test_step_reports_mismatch_only_on_samples_of_its_own_version(learner):
     assert stats["mismatch/tokens"] == len(shifted[0].completion_ids)
     assert stats["mismatch/logprob_abs_diff"] == pytest.approx(0.05, abs=1e-4)
     assert stats["mismatch/k3_kl"] == pytest.approx(math.exp(0.05) - 1.05, rel=1e-2)
+
+
+@pytest.mark.slow
+def test_an_aborted_step_stops_before_its_next_micro_batch_and_updates_nothing(learner):
+    """abort_step from another thread: the running step raises StepAborted at its next
+    micro-batch with nothing updated; an abort with no step running aborts the next step at
+    its first micro-batch, and the step after that trains as usual."""
+    import threading
+
+    from rl.learner import StepAborted
+
+    samples = _samples(learner) * 4  # 8 micro-batches of one sequence
+    before, version = _params(learner), learner.version
+    calls = []
+    forward = learner._batch_loss
+
+    def counting(*args, **kwargs):  # abort from another thread during the second micro-batch
+        calls.append(1)
+        if len(calls) == 2:
+            t = threading.Thread(target=learner.abort_step)
+            t.start()
+            t.join()
+        return forward(*args, **kwargs)
+
+    learner._batch_loss = counting
+    try:
+        with pytest.raises(StepAborted, match="after 2 of 8 micro-batches"):
+            learner.step(samples)
+    finally:
+        del learner._batch_loss
+    assert learner.version == version and len(calls) == 2
+    assert all(torch.equal(before[k], v) for k, v in _params(learner).items())
+    assert all(p.grad is None for p in learner.model.parameters())
+    learner.abort_step()
+    with pytest.raises(StepAborted, match="after 0 of 2 micro-batches"):
+        learner.step(_samples(learner))
+    assert learner.step(_samples(learner))["num_seqs"] == 2 and learner.version == version + 1

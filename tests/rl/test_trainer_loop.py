@@ -581,3 +581,43 @@ def test_max_in_flight_below_a_group_is_refused_before_the_loop(tmp_path):
     # rlvr groups are 4 units (the test sampler); a group is released whole
     with pytest.raises(TrainerError, match=r"trainer.max_in_flight=3 .*trainer.group_size.rlvr=4"):
         trainer(tmp_path, tcfg(max_in_flight=3))
+
+
+class BlockingLearner(FakeLearner):
+    """A step that runs until ``abort_step`` (as a long learner step on CPU would), then
+    raises as ``rl.learner.Learner`` does; ``started`` is set when the step began."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.started, self.aborted = threading.Event(), threading.Event()
+
+    def abort_step(self):
+        self.aborted.set()
+
+    def step(self, samples):
+        from rl.learner import StepAborted
+
+        self.started.set()
+        if not self.aborted.wait(timeout=120):  # a test that never aborts fails, not hangs
+            return super().step(samples)
+        raise StepAborted("step aborted")
+
+
+def test_a_stopped_run_aborts_the_running_learner_step_instead_of_waiting_for_it(tmp_path):
+    """Ctrl-C or SIGTERM cancels the trainer's run; its update's learner step (in a worker
+    thread the interpreter would wait for at exit) is aborted, and no step is counted."""
+    learner = BlockingLearner()
+    t = trainer(tmp_path, tcfg(iterations=3), learner=learner)
+
+    async def go():
+        run = asyncio.ensure_future(t.run())
+        while not learner.started.is_set():
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(go())
+    assert learner.aborted.is_set() and learner.version == 0 and learner.trained == []
