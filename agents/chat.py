@@ -7,7 +7,9 @@ token ids the engine returned. The next model call sends exactly these ids as th
 
 ChatML (SmolLM2, Qwen, Hermes)::
 
-    <|im_start|>system\n{tools prompt}<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n
+    <|im_start|>system\n{tools prompt}<|im_end|>\n
+    [<|im_start|>user\n{demonstrated problem}<|im_end|>\n<|im_start|>assistant\n{its call}<|im_end|>\n ...]
+    <|im_start|>user\n{problem}<|im_end|>\n
     <|im_start|>assistant\n{model tokens ... <|im_end|>}\n<|im_start|>user\n
     <tool_response>\n{observation}\n</tool_response><|im_end|>\n<|im_start|>assistant\n ...
 
@@ -124,7 +126,7 @@ class Trajectory:
             tool-observation tokens; same length as ``token_ids``.
         logprobs: the engine's log-probability of each model token (None elsewhere or
             when the engine gave none).
-        prompt_len: length of the first prompt (system + task), in tokens.
+        prompt_len: length of the first prompt (system, demonstrations, task), in tokens.
     """
 
     token_ids: list[int] = field(default_factory=list)

@@ -36,25 +36,26 @@ DEFAULT_SYSTEM_PROMPT = (
 @dataclass(frozen=True)
 class Demonstration:
     """One worked example shown before the task (an in-context example, as SWE-agent's
-    ``demonstrations``): an issue as the user states it and the one tool call that answers
-    it, rendered as an earlier user turn and assistant turn of the same conversation.
+    ``demonstrations``): a problem statement as the user gives it and the one tool call
+    that answers it, rendered as an earlier user turn and assistant turn of the same
+    conversation.
 
     Why: with the tools' schemas alone SmolLM2-135M writes prose about the tools; shown
     one exchange it copies the call format (bench/agent_solve_rate.py, README "Agents,
     sandbox and tasks").
 
     Attributes:
-        issue: the user's text.
+        problem_statement: the user's text.
         tool: the tool called (a name in ``agents.tools.TOOL_SPECS``).
         arguments: the call's arguments.
     """
 
-    issue: str
+    problem_statement: str
     tool: str
     arguments: Mapping[str, Any]
 
     def exchange(self, fmt: ToolCallFormat = ToolCallFormat()) -> tuple[str, str]:
-        """(user text, assistant text): the issue, and the call written in ``fmt``.
+        """(user text, assistant text): the problem statement, and the call written in ``fmt``.
 
         Raises:
             ValueError: the call is not one the episode's parser would run (unknown tool,
@@ -65,12 +66,12 @@ class Demonstration:
         if problems or len(calls) != 1:
             why = problems[0].feedback if problems else "no call"
             raise ValueError(f"demonstration calling {self.tool!r}: not a valid tool call ({why})")
-        return self.issue, answer
+        return self.problem_statement, answer
 
 
 DEFAULT_DEMONSTRATIONS: tuple[Demonstration, ...] = (
     Demonstration(
-        issue=("Line 3 of box/__init__.py reads `SIZE = 2`; the value must be 9. "
+        problem_statement=("Line 3 of box/__init__.py reads `SIZE = 2`; the value must be 9. "
                "Change that line to `SIZE = 9`."),
         tool="str_replace",
         arguments={"path": "box/__init__.py", "old_str": "= 2", "new_str": "= 9"}),
@@ -152,7 +153,7 @@ class EpisodeResult:
             ``model_error`` or ``sandbox_error``.
         reward: 1.0 when the task's tests pass after the episode (MISA-T's agent reward,
             SWE-bench rule), else 0.0.
-        prompt_ids: the first prompt (system + task).
+        prompt_ids: the first prompt (system, demonstrations, task).
         completion_ids: everything after it (model turns and observations).
         loss_mask: 1 for model tokens (trained on), 0 for observation/template tokens.
         logprobs: engine log-prob per response token; None off the mask.
@@ -255,6 +256,10 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
 
     Returns:
         EpisodeResult; never raises for model, tool-call or sandbox failures.
+
+    Raises:
+        ValueError: ``cfg`` has a tool listing or a demonstration that is not valid
+            (the agent server checks both when it starts: ``agents.server.episode_config``).
     """
     started = time.monotonic()
     lim = cfg.limits

@@ -96,25 +96,36 @@ def _options(cls, node, where: str):
     return build_options(cls, data, where, error=AgentServerError, unknown_error=UnknownAgentServerOption)
 
 
+TOOL_LISTING_RULE: Rule = (lambda v: v in TOOL_LISTINGS, " or ".join(TOOL_LISTINGS))
+"""``episode.tool_listing`` (and ``rl.train``'s ``agents.tool_listing``): one of ``TOOL_LISTINGS``."""
+
+DEMONSTRATIONS_RULE: Rule = (or_null(lambda v: isinstance(v, list)),
+                             "a list of {problem_statement, tool, arguments}, [] for none, or null for the default")
+
+
 def episode_config(cfg: DictConfig) -> EpisodeConfig:
     """Build the fixed per-episode settings from the server's Hydra config.
 
     Raises:
         UnknownAgentServerOption: an unknown key in a limits or tool-format group.
-        AgentServerError: a value of the wrong type there.
+        AgentServerError: a value of the wrong type there, a tool listing not in
+            ``TOOL_LISTINGS``, or a demonstration that ``demonstrations`` refuses.
     """
     sb = cfg.sandbox
     isolation = IsolationConfig(bwrap=sb.bwrap, unsafe_no_isolation=sb.unsafe_no_isolation,
                                 tmp_size_bytes=sb.tmp_size_bytes, uid_base=sb.uid_base)
+    tool_format = _options(ToolCallFormat, cfg.tool_format, "tool_format")
+    listing = cfg.episode.tool_listing
+    if not TOOL_LISTING_RULE[0](listing):
+        raise AgentServerError(f"episode.tool_listing={listing!r} is invalid: give {TOOL_LISTING_RULE[1]}")
     return EpisodeConfig(
         limits=_options(EpisodeLimits, cfg.episode.limits, "episode.limits"),
         command_limits=_options(Limits, cfg.episode.command_limits, "episode.command_limits"),
         test_limits=_options(Limits, cfg.episode.test_limits, "episode.test_limits"),
-        isolation=isolation, tool_format=_options(ToolCallFormat, cfg.tool_format, "tool_format"),
+        isolation=isolation, tool_format=tool_format,
         system_prompt=cfg.episode.system_prompt or DEFAULT_SYSTEM_PROMPT,
-        demonstrations=demonstrations(cfg.episode.get("demonstrations"), _options(
-            ToolCallFormat, cfg.tool_format, "tool_format")),
-        tool_listing=cfg.episode.tool_listing,
+        demonstrations=demonstrations(cfg.episode.get("demonstrations"), tool_format),
+        tool_listing=listing,
         max_observation_chars=cfg.episode.max_observation_chars,
         workspace_root=sb.workspace_root,
         close_session_with_request=cfg.episode.close_session_with_request,
@@ -123,23 +134,27 @@ def episode_config(cfg: DictConfig) -> EpisodeConfig:
 
 def demonstrations(node: Any, fmt: ToolCallFormat) -> tuple[Demonstration, ...]:
     """``episode.demonstrations``: null gives ``agents.loop.DEFAULT_DEMONSTRATIONS``, ``[]``
-    none, else a list of ``{issue, tool, arguments}`` (each ``agents.loop.Demonstration``).
+    none, else a list of ``{problem_statement, tool, arguments}`` (each an
+    ``agents.loop.Demonstration``).
 
     Raises:
-        AgentServerError: an entry that is no such mapping, or whose call is not a valid
-            tool call (unknown tool, missing or unexpected argument); names the entry.
+        AgentServerError: no list, an entry that is no such mapping, or one whose call is
+            not a valid tool call (unknown tool, missing or unexpected argument); names the entry.
     """
     if node is None:
         return DEFAULT_DEMONSTRATIONS
     data = OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+    if not isinstance(data, list):
+        raise AgentServerError(f"episode.demonstrations={data!r} is invalid: give {DEMONSTRATIONS_RULE[1]}")
     shown = []
+    keys = {"problem_statement", "tool", "arguments"}
     for i, entry in enumerate(data):
         where = f"episode.demonstrations[{i}]"
-        if (not isinstance(entry, dict) or set(entry) != {"issue", "tool", "arguments"}
-                or not isinstance(entry["issue"], str) or not isinstance(entry["arguments"], dict)):
-            raise AgentServerError(f"{where}: give {{issue: <text>, tool: <name>, arguments: "
-                                   f"{{...}}}} (got {entry!r})")
-        demo = Demonstration(entry["issue"], str(entry["tool"]), entry["arguments"])
+        if (not isinstance(entry, dict) or set(entry) != keys or not isinstance(entry["problem_statement"], str)
+                or not isinstance(entry["arguments"], dict)):
+            raise AgentServerError(f"{where}: give {{problem_statement: <text>, tool: <name>, "
+                                   f"arguments: {{...}}}} (got {entry!r})")
+        demo = Demonstration(entry["problem_statement"], str(entry["tool"]), entry["arguments"])
         try:
             demo.exchange(fmt)
         except ValueError as e:
@@ -395,9 +410,8 @@ VALUE_RULES: dict[str, Rule] = {
     "episode.limits.min_turn_tokens": (_WHOLE, "a whole number of tokens >= 1"),
     "episode.limits.max_episode_s": (number(above=0), "seconds > 0"),
     "episode.system_prompt": (or_null(lambda v: isinstance(v, str)), "a prompt text, or null"),
-    "episode.tool_listing": (lambda v: v in TOOL_LISTINGS, " or ".join(TOOL_LISTINGS)),
-    "episode.demonstrations": (or_null(lambda v: isinstance(v, list)),
-                               "a list of {issue, tool, arguments}, [] for none, or null for the default"),
+    "episode.tool_listing": TOOL_LISTING_RULE,
+    "episode.demonstrations": DEMONSTRATIONS_RULE,
     "episode.max_observation_chars": (_WHOLE, "a whole number >= 1"),
     "episode.close_session_with_request": (lambda v: isinstance(v, bool), "true or false"),
     "sandbox.bwrap": (is_text, "the bubblewrap program, e.g. bwrap"),

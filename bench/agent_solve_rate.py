@@ -10,7 +10,8 @@ each task of each set ``--group-size`` times (one GRPO group per task and repeat
 trainer does: one real vLLM engine (started here unless ``--engine-url``), our router
 (the default recipe's policy) in front of it, and the agent server with the sandbox, with
 the default recipe's episode limits (``trainer.agent_limits``), sampling
-(``trainer.sampling``) and tool listing (``agents.tool_listing``). Prints per set: episodes, mean reward, solved share, the share of
+(``trainer.sampling``) and tool listing (``agents.tool_listing``). Prints per set:
+episodes, mean reward, solved share, the share of
 groups with unequal rewards (those train), how many episodes made a well-formed tool call
 and a ``str_replace``, and the episodes' end states; writes every result, with the text of
 each model turn, to ``--out``.
@@ -33,8 +34,9 @@ from rich.table import Table
 from agents.chat import HFTokenizer
 from agents.client import AgentServerClient, launch_agent_server
 from agents.envs.task import load_tasks
-from agents.server import BUILTIN_TASK_SETS, task_set_path
-from common.config import compose
+from agents.server import BUILTIN_TASK_SETS, episode_config, task_set_path
+from agents.server import VALUE_RULES as AGENT_SERVER_RULES
+from common.config import check_values, compose, usage_error
 from rollout.model import resolve_model_path
 
 SERVED = "smollm2-135m"
@@ -91,9 +93,10 @@ def model_turns(result: dict, decode: Callable[[list[int]], str]) -> list[str]:
 
 
 def write_results(out: Path, results: dict, limits: dict, sampling: dict, group_size: int,
-                  decode: Callable[[list[int]], str]) -> None:
+                  decode: Callable[[list[int]], str], agent_overrides: Sequence[str] = ()) -> None:
     """Write the sets measured so far (figures, each episode's outcome and what the model
-    wrote in each turn) to ``out``."""
+    wrote in each turn) to ``out``, with the settings they ran under (limits, sampling,
+    group size, the agent server's overrides: tool listing, demonstrations)."""
     slim = {name: {"wall_s": res["wall_s"], "figures": group_figures(res["groups"]),
                    "groups": [[{k: r[k] for k in ("instance_id", "status", "reward", "patch")}
                                | {"tool_calls": [c for t in r["turns"] for c in t["tool_calls"]],
@@ -102,7 +105,7 @@ def write_results(out: Path, results: dict, limits: dict, sampling: dict, group_
             for name, res in results.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"limits": limits, "sampling": sampling, "group_size": group_size,
-                               "sets": slim}, indent=1))
+                               "agent_overrides": list(agent_overrides), "sets": slim}, indent=1))
 
 
 def main() -> None:
@@ -120,7 +123,10 @@ def main() -> None:
                          "'episode.demonstrations=[]' (no worked example)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench/agent_solve_rate.json"))
     args = ap.parse_args()
-    cfg = compose("train", ["run_dir=runs/bench", *args.overrides])
+    try:
+        cfg = compose("train", ["run_dir=runs/bench", *args.overrides])
+    except ValueError as e:  # ConfigError: an unknown key, a malformed override
+        raise usage_error(f"--overrides: {e}") from None
     tcfg = cfg.trainer
     limits = OmegaConf.to_container(tcfg.agent_limits, resolve=True)
     sampling = OmegaConf.to_container(tcfg.sampling, resolve=True)
@@ -128,6 +134,13 @@ def main() -> None:
         sets = {s: sorted(load_tasks(task_set_path(s))) for s in args.sets}
     except ValueError as e:  # AgentServerError, TaskError
         raise SystemExit(f"error: {e}") from None
+    agent_overrides = [f"episode.tool_listing={cfg.agents.tool_listing}", *args.agent_overrides]
+    try:  # the agent server's own checks, before an engine starts
+        acfg = compose("agent_server", agent_overrides)
+        check_values(acfg, AGENT_SERVER_RULES)
+        episode_config(acfg)
+    except ValueError as e:  # ConfigError, AgentServerError
+        raise usage_error(f"--agent-overrides: {e}") from None
     model_path = resolve_model_path(cfg.model)
     decode = HFTokenizer(str(model_path)).decode
     logs = args.out.parent / f"{args.out.stem}-logs"
@@ -152,8 +165,7 @@ def main() -> None:
         try:
             with launch_agent_server(logs, [f"router_url={router.url}", f"tokenizer={model_path}",
                                             extra, "max_concurrent_episodes=32",
-                                            f"episode.tool_listing={cfg.agents.tool_listing}",
-                                            *args.agent_overrides],
+                                            *agent_overrides],
                                      start_timeout_s=120) as (_, agent_url):
                 results = {}
                 for name, ids in sets.items():
@@ -163,7 +175,8 @@ def main() -> None:
                     results[name] = {"groups": groups, "wall_s": time.monotonic() - t0}
                     console.print(f"{name}: {len(groups)} groups in {results[name]['wall_s']:.0f} s: "
                                   f"{group_figures(groups)}")
-                    write_results(args.out, results, limits, sampling, args.group_size, decode)
+                    write_results(args.out, results, limits, sampling, args.group_size, decode,
+                                  agent_overrides)
         finally:
             router.stop()
     finally:

@@ -10,13 +10,14 @@ go to every run. Then reads each run's ``metrics.jsonl`` and prints, per seed an
 and at the last evaluated step, the gain in points, the ratio end / step 0, the rlvr
 reward of all rollouts (``rollout_reward_by_class``, filtered groups included: the
 policy's reward on what it generated) over the first and the second half of the
-iterations, the rlvr units that entered a gradient
-over the run and the gain per 100 of them, the same two figures for the agent class (learning per trained sample, which a loaded
-machine does not change, unlike the wall time), and the run's wall time; before that, one
-table per run: the metric at each evaluated step, and per iteration the rlvr reward of
-all rollouts and of the trained groups, the rlvr units and informative groups trained,
-the agent reward of all rollouts and agent units trained, all units trained and the update time. ``--runs`` reads
-finished run folders instead of training (no engine needed); one without a step-0
+iterations that completed rlvr rollouts, the rlvr units that entered a gradient over the
+run and the gain per 100 of them (learning per trained sample, which a loaded
+machine does not change, unlike the wall time), the agent class's reward of all rollouts
+(first half -> second half, the same way) and agent units trained, and the run's wall
+time; before that, one table per run: the metric at each evaluated step, and per
+iteration the rlvr reward of all rollouts and of the trained groups, the rlvr units and
+informative groups trained, the agent reward of all rollouts and agent units trained, all
+units trained and the update time. ``--runs`` reads finished run folders instead of training (no engine needed); one without a step-0
 evaluation is refused with one ``error:`` line, exit code 2, before anything is printed,
 and one that stopped before ``trainer.iterations`` (its ``config.yaml``) is read but named
 "stopped i/N" in the tables, with a note line.
@@ -66,13 +67,10 @@ def curve(run_dir: Path, metric: str) -> dict:
     steps = [{"iteration": h["iteration"], "eval": h.get(metric),
               "rlvr_reward": (h.get("reward_by_class") or {}).get("rlvr"),
               "rlvr_rollout_reward": (h.get("rollout_reward_by_class") or {}).get("rlvr"),
-              "rlvr_units": (h.get("trained_units_by_class") or {}).get("rlvr", 0)
-              if "trained_units_by_class" in h else None,
-              "rlvr_groups": (h.get("trained_groups_by_class") or {}).get("rlvr", 0)
-              if "trained_groups_by_class" in h else None,
+              "rlvr_units": _class_count(h, "trained_units_by_class", "rlvr"),
+              "rlvr_groups": _class_count(h, "trained_groups_by_class", "rlvr"),
               "agent_rollout_reward": (h.get("rollout_reward_by_class") or {}).get("agent"),
-              "agent_units": (h.get("trained_units_by_class") or {}).get("agent", 0)
-              if "trained_units_by_class" in h else None,
+              "agent_units": _class_count(h, "trained_units_by_class", "agent"),
               "trained_units": h.get("trained_units"), "update_s": h.get("update_s")}
              for h in lines if not h.get("baseline")]
     planned = _planned_iterations(run_dir)
@@ -84,13 +82,20 @@ def curve(run_dir: Path, metric: str) -> dict:
             "stopped": planned is not None and done < planned,
             "rlvr_trained": sum(counted) if counted else None,
             "agent_trained": sum(agent_counted) if agent_counted else None,
-            "rollout_halves": _halves([s["rlvr_rollout_reward"] for s in steps]),
+            "rlvr_rollout_halves": _halves([s["rlvr_rollout_reward"] for s in steps]),
             "agent_rollout_halves": _halves([s["agent_rollout_reward"] for s in steps])}
 
 
+def _class_count(line: dict, key: str, workload_class: str) -> int | None:
+    """A per-class count of one metrics line (0 for a class not in it), or None when the
+    line has no ``key`` (a run written before that metric was logged: blank, not 0)."""
+    return (line.get(key) or {}).get(workload_class, 0) if key in line else None
+
+
 def _halves(values: list[float | None]) -> tuple[float, float] | None:
-    """Mean of the first and of the second half of the iterations that have a value
-    (an iteration that completed no rollout of the class has none); None under 2 values."""
+    """Mean of the first and of the second half of the values, over the iterations that
+    have one (an iteration that completed no rollout of the class has none: the halves are
+    of those iterations, not of the run's); None under 2 values."""
     xs = [x for x in values if x is not None]
     half = len(xs) // 2
     return (statistics.mean(xs[:half]), statistics.mean(xs[half:])) if half else None
@@ -115,8 +120,9 @@ def _fmt(x, spec: str) -> str:
 
 
 def step_table(name: str, c: dict) -> Table:
-    """One run's iterations: the metric where evaluated, the rlvr training reward, the rlvr
-    units and groups that entered the gradient (informative ones), all trained units and
+    """One run's iterations: the metric where evaluated, the rlvr reward of all rollouts and
+    of the trained groups, the rlvr units and groups that entered the gradient (informative
+    ones), the agent reward of all rollouts and agent units trained, all trained units and
     the update time (runs written before those metrics existed show blanks)."""
     t = Table(title=f"{name}: per iteration (eval at step 0: {c['start']:.3f})")
     for col in ("iteration", "eval", "rlvr reward, all rollouts", "rlvr reward, trained groups",
@@ -188,7 +194,7 @@ def main() -> None:
         gains.append(100 * (c["end"] - c["start"]))
         ratios.append(ratio)
         rl, ag = (f"{h[0]:.3f} -> {h[1]:.3f}" if h else "n/a"
-                  for h in (c["rollout_halves"], c["agent_rollout_halves"]))
+                  for h in (c["rlvr_rollout_halves"], c["agent_rollout_halves"]))
         n = c["rlvr_trained"]
         console.print(step_table(name, c))
         table.add_row(name, f"{c['start']:.3f}", f"{c['end']:.3f} ({c['end_step']})",

@@ -67,7 +67,7 @@ from rollout.model import prepare_model
 from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
 from router.launch import start_router
-from router.policies import POLICY_NAMES, make_policy
+from router.policies import POLICY_NAMES, make_policy, registered_policy_names
 from router.replay import ReplayError, WordText, replay, scrape_engines
 from router.sim.calibrate import measure_step_samples
 from router.sim.cost_model import StepSample, fit_linear_step_cost
@@ -467,12 +467,13 @@ def main() -> None:
         raise usage_error(f"--seeds: each seed once, got {args.seeds!r}")
     sweep = _parse_ints(args.sweep, "--sweep")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    # Only the live router's policies: the simulator-only ones (aimd, tool_pause,
-    # misa_t_oracle) are registered in this process but not in the router it starts.
+    # Only the live router's policies: the simulator's own are registered in this process
+    # (router.sim) but not in the router it starts.
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown:
+        sim_only = sorted(set(registered_policy_names()) - set(POLICY_NAMES))
         raise usage_error(f"--policies: unknown {unknown}; valid: {', '.join(POLICY_NAMES)} "
-                          "(aimd, tool_pause and misa_t_oracle run in the simulator only)")
+                          f"({', '.join(sim_only)} run in the simulator only)")
     try:
         runs = plan_runs(sweep, args.ceiling, policies)
         for r in runs:

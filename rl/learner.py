@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,7 +288,8 @@ class Learner:
         self.device = _resolve_device(self.cfg.device)
         model, self.tokenizer, self.pad_token_id = load_policy(self.model_path, self.cfg)
         self.version = 0
-        self._abort = threading.Event()
+        self._running_step: object | None = None  # a token per running step (abort_step)
+        self._aborted_step: object | None = None
         model.to(self.device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas,
                                 weight_decay=self.cfg.weight_decay)
@@ -375,9 +375,10 @@ class Learner:
         """Make the running ``step`` (in another thread) stop before its next micro-batch
         and raise ``StepAborted``, its gradients dropped. Called when the job stops (Ctrl-C,
         SIGTERM): a step of long agent trajectories on CPU takes minutes, and the process
-        would otherwise wait for it at exit (the interpreter joins the worker thread). With
-        no step running, the next ``step`` is the one aborted, at its first micro-batch."""
-        self._abort.set()
+        would otherwise wait for it at exit (the interpreter joins the worker thread). It
+        applies to the step running when it is called: with none running it does nothing,
+        and a step already past its last micro-batch finishes."""
+        self._aborted_step = self._running_step
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One GRPO update on ``samples``; ``version`` += 1.
@@ -396,6 +397,13 @@ class Learner:
             GRPOError: malformed samples (see ``rl.grpo.TrainSample``).
             StepAborted: ``abort_step`` was called; nothing was updated.
         """
+        token = self._running_step = object()
+        try:
+            return self._step(samples, token)
+        finally:
+            self._running_step = None
+
+    def _step(self, samples: Sequence[TrainSample], token: object) -> dict[str, float]:
         t0 = time.perf_counter()
         batch = collate(samples, self.pad_token_id)
         n_seqs, n_tok = len(batch), float(batch.loss_mask.sum())
@@ -409,10 +417,9 @@ class Learner:
         if self._engine is None:
             self.optimizer.zero_grad(set_to_none=True)
         for k, s in enumerate(starts):
-            if self._abort.is_set():
-                self._abort.clear()
-                if self._engine is None:
-                    self.optimizer.zero_grad(set_to_none=True)
+            if self._aborted_step is token:
+                # the accumulated gradients are dropped (ZeRO's optimizer holds DeepSpeed's)
+                self.optimizer.zero_grad(set_to_none=True)
                 raise StepAborted(f"step aborted after {k} of {len(starts)} micro-batches "
                                   "(the job is stopping); nothing was updated")
             mb = batch.slice(s, min(s + mbs, n_seqs))

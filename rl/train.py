@@ -318,10 +318,9 @@ def validate_job_cfg(cfg: DictConfig):
     from rollout.weight_sync import WORKER_EXTENSION
     from router.launch import check_router_cfg
 
-    from agents.loop import TOOL_LISTINGS
+    from agents.server import TOOL_LISTING_RULE
 
-    check_values(cfg, {"seed": SEED_RULE,
-                       "agents.tool_listing": (lambda v: v in TOOL_LISTINGS, " or ".join(TOOL_LISTINGS))})
+    check_values(cfg, {"seed": SEED_RULE, "agents.tool_listing": TOOL_LISTING_RULE})
     check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     agent_task_sets_override(cfg.agents.get("task_sets") or [])

@@ -357,7 +357,10 @@ class Trainer:
             for task in pending:
                 task.cancel()
             if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+                outcomes = await asyncio.gather(*pending, return_exceptions=True)
+                if update is not None and isinstance(outcomes[-1], Exception):
+                    # the run is already ending with another error: keep this one in the log
+                    log.error("the update running when the loop stopped failed too: %s", outcomes[-1])
         return self.history
 
     def _pick_batch(self, ready: list[list[UnitResult]]) -> tuple[list[list[UnitResult]], list[list[UnitResult]]]:

@@ -23,7 +23,7 @@ def test_the_default_demonstration_shows_a_call_the_parser_runs():
     issue, answer = demo.exchange()
     calls, problems = parse_tool_calls(answer, TOOL_SPECS)
     assert not problems and [(c.name, c.arguments) for c in calls] == [("str_replace", dict(demo.arguments))]
-    assert issue == demo.issue and "box/__init__.py" in issue
+    assert issue == demo.problem_statement and "box/__init__.py" in issue
 
 
 def test_a_demonstration_is_written_in_the_episode_tool_format():
@@ -47,14 +47,14 @@ def test_server_config_null_is_the_default_an_empty_list_none():
     fmt = ToolCallFormat()
     assert demonstrations(None, fmt) == DEFAULT_DEMONSTRATIONS
     assert demonstrations(OmegaConf.create([]), fmt) == ()
-    mine = demonstrations(OmegaConf.create([{"issue": "i", "tool": "submit", "arguments": {}}]), fmt)
+    mine = demonstrations(OmegaConf.create([{"problem_statement": "i", "tool": "submit", "arguments": {}}]), fmt)
     assert mine == (Demonstration("i", "submit", {}),)
 
 
-@pytest.mark.parametrize("entry", ["x", {"issue": "i", "tool": "submit"}, {"issue": 3, "tool": "submit", "arguments": {}}])
+@pytest.mark.parametrize("entry", ["x", {"problem_statement": "i", "tool": "submit"}, {"problem_statement": 3, "tool": "submit", "arguments": {}}])
 def test_server_config_entry_of_the_wrong_shape_names_its_index(entry):
-    good = {"issue": "i", "tool": "submit", "arguments": {}}
-    with pytest.raises(AgentServerError, match=r"episode.demonstrations\[1\]: give \{issue"):
+    good = {"problem_statement": "i", "tool": "submit", "arguments": {}}
+    with pytest.raises(AgentServerError, match=r"episode.demonstrations\[1\]: give \{problem_statement"):
         demonstrations(OmegaConf.create([good, entry]), ToolCallFormat())
 
 

@@ -24,10 +24,10 @@ def _run(*overrides: str) -> subprocess.CompletedProcess:
     ("router_url=localhost:8100", 2, "router_url='localhost:8100' is invalid: give the router's base URL"),
     ("episode.command_limits.cpu_s=lots", 2, "episode.command_limits: option 'cpu_s' must be an integer"),
     ("episode.tool_listing=json", 2, "episode.tool_listing='json' is invalid: give schemas or signatures."),
-    ("episode.demonstrations=abc", 2, "episode.demonstrations='abc' is invalid: give a list of {issue, tool, arguments}"),
-    ("episode.demonstrations=[{issue: x, tool: nope, arguments: {}}]", 2,
+    ("episode.demonstrations=abc", 2, "episode.demonstrations='abc' is invalid: give a list of {problem_statement, tool, arguments}"),
+    ("episode.demonstrations=[{problem_statement: x, tool: nope, arguments: {}}]", 2,
      "episode.demonstrations[0]: demonstration calling 'nope': not a valid tool call (Unknown tool 'nope'"),
-    ("episode.demonstrations=[{issue: x, tool: str_replace, arguments: {path: a.py}}]", 2,
+    ("episode.demonstrations=[{problem_statement: x, tool: str_replace, arguments: {path: a.py}}]", 2,
      "missing argument(s) old_str, new_str"),
 ])
 def test_bad_override_is_one_line_with_what_is_valid(override, code, expected):

@@ -174,8 +174,8 @@ def test_step_reports_mismatch_only_on_samples_of_its_own_version(learner):
 @pytest.mark.slow
 def test_an_aborted_step_stops_before_its_next_micro_batch_and_updates_nothing(learner):
     """abort_step from another thread: the running step raises StepAborted at its next
-    micro-batch with nothing updated; an abort with no step running aborts the next step at
-    its first micro-batch, and the step after that trains as usual."""
+    micro-batch with nothing updated (weights, gradients, version); an abort with no step
+    running does nothing, and the next step trains as usual."""
     import threading
 
     from rl.learner import StepAborted
@@ -202,7 +202,5 @@ def test_an_aborted_step_stops_before_its_next_micro_batch_and_updates_nothing(l
     assert learner.version == version and len(calls) == 2
     assert all(torch.equal(before[k], v) for k, v in _params(learner).items())
     assert all(p.grad is None for p in learner.model.parameters())
-    learner.abort_step()
-    with pytest.raises(StepAborted, match="after 0 of 2 micro-batches"):
-        learner.step(_samples(learner))
+    learner.abort_step()  # no step running: the next one is not aborted
     assert learner.step(_samples(learner))["num_seqs"] == 2 and learner.version == version + 1

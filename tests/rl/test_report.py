@@ -132,7 +132,7 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
     assert c["rlvr_trained"] == 24
     # the reward of all rollouts: iteration 1 against iterations 2 and 3
     assert [s["rlvr_rollout_reward"] for s in c["steps"]] == [0.1, 0.2, 0.1 * 3]
-    first, second = c["rollout_halves"]
+    first, second = c["rlvr_rollout_halves"]
     assert abs(first - 0.1) < 1e-9 and abs(second - 0.25) < 1e-9
     # the agent class: its rollouts' reward, halves the same way, and its units trained
     assert [s["agent_rollout_reward"] for s in c["steps"]] == [0.0, 0.25, 0.25]

@@ -35,6 +35,9 @@ class FakeLearner:
         self.version += 1
         return {"loss": 0.5, "kl": 0.0}
 
+    def abort_step(self):  # a fake step is instant: nothing to abort
+        pass
+
     def save_weights(self, folder):
         return folder
 
