@@ -30,6 +30,19 @@ def iteration_lines(history: Sequence[Mapping]) -> list[Mapping]:
     return [h for h in history if h.get("iteration_s") is not None]
 
 
+def progress_line(m: Mapping) -> str:
+    """One iteration's progress text (beside the bar, or the log line ``rl.train`` prints
+    per iteration): its time, samples/min, prefix hit rate and TV distance; an iteration in
+    which no rollout finished (its step trained groups collected during the previous update)
+    says so instead of the rates it does not have."""
+    tv = m.get("tv_distance")
+    tail = f"  TV {tv:.3f}" if tv is not None else ""
+    hit = m.get("prefix_hit_rate")
+    if hit is None:
+        return f"iter {m['iteration_s']:.0f}s  update only (no rollout finished during it){tail}"
+    return f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  hit {hit:.0%}{tail}"
+
+
 # Rates over an iteration's window: their run figure weighs each iteration by its length
 # (total samples / total time), so a 1-second iteration that completed nothing (its step
 # trained groups an earlier iteration collected) does not halve the run's samples/min.

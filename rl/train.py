@@ -22,7 +22,7 @@ from rich.console import Console
 
 from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, check_values, hydra_entry, number,
                            register_user_error)
-from rl.report import plot_run, rlvr_settings_table, summary_table
+from rl.report import plot_run, progress_line, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -191,9 +191,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         run.log(flat, step=int(m["iteration"]))
         if "iteration_s" not in m:  # the step-0 evaluation line
             return
-        hit = m.get("prefix_hit_rate")
-        line = (f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  "
-                f"hit {hit:.0%}  TV {m['tv_distance']:.3f}" if hit is not None else "")
+        line = progress_line(m)
         progress.update(bar, completed=int(m["iteration"]), description=line)
         if not console.is_terminal:  # a log file: rich draws the bar only when it stops; one line per iteration
             console.print(f"GRPO iteration {int(m['iteration'])}/{int(tcfg.iterations)}  {line}".rstrip())

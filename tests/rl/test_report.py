@@ -150,3 +150,13 @@ def test_learning_curve_reads_the_eval_points_and_the_rlvr_units_trained_per_ste
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in old))
     c = curve(tmp_path, "eval/arithmetic/pass@1")
     assert c["rlvr_trained"] is None and {s["rlvr_units"] for s in c["steps"]} == {None}
+
+
+def test_the_progress_line_says_when_an_iteration_only_updated():
+    from rl.report import progress_line
+
+    full = {"iteration_s": 180.4, "samples_per_min": 29.44, "prefix_hit_rate": 0.75, "tv_distance": 0.0721}
+    assert progress_line(full) == "iter 180s  samples/min 29.4  hit 75%  TV 0.072"
+    # no rollout finished: no rates, not an empty line
+    update_only = {"iteration_s": 44.2, "samples_per_min": 0.0, "prefix_hit_rate": None, "tv_distance": 0.058}
+    assert progress_line(update_only) == "iter 44s  update only (no rollout finished during it)  TV 0.058"
