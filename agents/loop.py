@@ -55,24 +55,25 @@ class Demonstration:
     arguments: Mapping[str, Any]
 
     def exchange(self, fmt: ToolCallFormat = ToolCallFormat()) -> tuple[str, str]:
-        """(user text, assistant text): the problem statement, and the call written in ``fmt``.
+        """(user text, assistant text): the problem statement, and the call written in ``fmt``."""
+        return self.problem_statement, format_tool_call(self.tool, self.arguments, fmt)
+
+    def check(self, fmt: ToolCallFormat = ToolCallFormat()) -> None:
+        """Refuse a call the episode's parser would not run (checked once, at start).
 
         Raises:
-            ValueError: the call is not one the episode's parser would run (unknown tool,
-                missing or unexpected argument): a demonstration must show a valid call.
+            ValueError: unknown tool, missing or unexpected argument.
         """
-        answer = format_tool_call(self.tool, self.arguments, fmt)
-        calls, problems = parse_tool_calls(answer, TOOL_SPECS, fmt)
+        calls, problems = parse_tool_calls(self.exchange(fmt)[1], TOOL_SPECS, fmt)
         if problems or len(calls) != 1:
             why = problems[0].feedback if problems else "no call"
             raise ValueError(f"demonstration calling {self.tool!r}: not a valid tool call ({why})")
-        return self.problem_statement, answer
 
 
 DEFAULT_DEMONSTRATIONS: tuple[Demonstration, ...] = (
     Demonstration(
         problem_statement=("Line 3 of box/__init__.py reads `SIZE = 2`; the value must be 9. "
-               "Change that line to `SIZE = 9`."),
+                           "Change that line to `SIZE = 9`."),
         tool="str_replace",
         arguments={"path": "box/__init__.py", "old_str": "= 2", "new_str": "= 9"}),
 )
@@ -258,8 +259,9 @@ async def run_episode(task: Task, session: SessionHeaders, client: ModelClient,
         EpisodeResult; never raises for model, tool-call or sandbox failures.
 
     Raises:
-        ValueError: ``cfg`` has a tool listing or a demonstration that is not valid
-            (the agent server checks both when it starts: ``agents.server.episode_config``).
+        ValueError: ``cfg`` has a tool listing that is not one of ``TOOL_LISTINGS`` (the
+            agent server checks it, and its demonstrations, when it starts:
+            ``agents.server.episode_config``).
     """
     started = time.monotonic()
     lim = cfg.limits

@@ -156,7 +156,7 @@ def demonstrations(node: Any, fmt: ToolCallFormat) -> tuple[Demonstration, ...]:
                                    f"arguments: {{...}}}} (got {entry!r})")
         demo = Demonstration(entry["problem_statement"], str(entry["tool"]), entry["arguments"])
         try:
-            demo.exchange(fmt)
+            demo.check(fmt)
         except ValueError as e:
             raise AgentServerError(f"{where}: {e}") from None
         shown.append(demo)

@@ -17,7 +17,8 @@ machine does not change, unlike the wall time), the agent class's reward of all 
 time; before that, one table per run: the metric at each evaluated step, and per
 iteration the rlvr reward of all rollouts and of the trained groups, the rlvr units and
 informative groups trained, the agent reward of all rollouts and agent units trained, all
-units trained and the update time. ``--runs`` reads finished run folders instead of training (no engine needed); one without a step-0
+units trained and the update time. ``--runs`` reads finished run folders instead of
+training (no engine needed); one without a step-0
 evaluation is refused with one ``error:`` line, exit code 2, before anything is printed,
 and one that stopped before ``trainer.iterations`` (its ``config.yaml``) is read but named
 "stopped i/N" in the tables, with a note line.

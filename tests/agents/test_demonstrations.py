@@ -39,7 +39,7 @@ def test_a_demonstration_is_written_in_the_episode_tool_format():
 ])
 def test_a_demonstration_of_an_invalid_call_is_refused(tool, arguments, why):
     with pytest.raises(ValueError, match="not a valid tool call") as e:
-        Demonstration("x", tool, arguments).exchange()
+        Demonstration("x", tool, arguments).check()
     assert why in str(e.value)
 
 
