@@ -4,14 +4,20 @@
 contention between engines that share a machine is in the numbers) and turns each into an
 engine step of known batch (:class:`~router.sim.cost_model.StepSample`):
 
-- decode with 1, 8 and 16 concurrent sequences: (time of an n+1-token answer - time of a
-  1-token answer) / n is one decode step of that batch;
+- decode batches over the range a loaded engine runs (:data:`DECODE_SHAPES`: 1 to 48
+  concurrent sequences, short and long contexts): (time of an n+1-token answer - time of a
+  1-token answer) / n is one decode step of that batch. Both the batch and the context must
+  vary: a fit to small batches of short contexts alone (1, 8 and 16 sequences of ~80 tokens,
+  the first version) found no per-sequence cost, and a simulator with it ran 30 long
+  sequences as fast as 1 (its throughput rose with the ceiling far more than the engines');
 - a cold prompt of ``prefill_tokens`` (answer of 1 token): one prefill step (a longer
   prompt than the engine's ``max_num_batched_tokens`` would be split; keep it below);
 - the same prompt extended by a quarter: a prefix-cache hit, so only the new tokens are
   computed, over the whole context.
 
-Every shape is measured ``repeats`` times and the median kept. Prompts use fresh words
+Every shape is measured ``repeats`` times and the median kept. A shape whose sequences do
+not fit in the engines' KV cache (or exceed ``max_num_seqs``) is skipped: a preempted
+sequence would time recomputation, not a decode step. Prompts use fresh words
 per measurement so nothing hits the prefix cache by accident.
 :func:`router.sim.cost_model.fit_linear_step_cost` turns the samples into the profile.
 """
@@ -19,6 +25,7 @@ per measurement so nothing hits the prefix cache by accident.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 import uuid
@@ -27,6 +34,12 @@ from typing import Sequence
 import aiohttp
 
 from router.sim.cost_model import StepSample
+
+#: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
+#: contexts a loaded engine runs (the CPU benchmark's engines hold 8,192 KV tokens and run
+#: 10-48 sequences of 100-600 tokens).
+DECODE_SHAPES: tuple[tuple[int, int], ...] = ((1, 64), (8, 64), (16, 64), (32, 64), (48, 64), (8, 512),
+                                              (16, 384), (32, 160))
 
 
 async def _timed_completion(http: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> float:
@@ -53,19 +66,34 @@ async def _batch_time(http, urls, model, text, prompt_tokens: int, streams: int,
     return statistics.median(await asyncio.gather(*(engine(u) for u in urls)))
 
 
+def fitting_shapes(shapes: Sequence[tuple[int, int]], decode_tokens: int, kv_blocks: int | None,
+                   block_size: int | None, max_num_seqs: int | None) -> list[tuple[int, int]]:
+    """The decode shapes whose sequences all fit at once: at most ``max_num_seqs`` of them,
+    and their KV blocks (each sequence ``ceil((prompt + decode_tokens + 1) / block_size)``) at
+    most 90% of ``kv_blocks``. ``None`` limits are not checked."""
+    kept = []
+    for streams, prompt in shapes:
+        if max_num_seqs is not None and streams > max_num_seqs:
+            continue
+        if kv_blocks is not None and block_size:
+            if streams * math.ceil((prompt + decode_tokens + 1) / block_size) > 0.9 * kv_blocks:
+                continue
+        kept.append((streams, prompt))
+    return kept
+
+
 async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, decode_tokens: int,
-                   repeats: int) -> list[StepSample]:
+                   repeats: int, shapes: Sequence[tuple[int, int]]) -> list[StepSample]:
     samples: list[StepSample] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
         await _batch_time(http, urls, model, text, 32, 1, 4)  # warm-up
-        short = 64
-        for streams in (1, 8, 16):
+        for streams, prompt in shapes:
             steps = []
             for _ in range(repeats):
-                t1 = await _batch_time(http, urls, model, text, short, streams, 1)
-                tn = await _batch_time(http, urls, model, text, short, streams, decode_tokens + 1)
+                t1 = await _batch_time(http, urls, model, text, prompt, streams, 1)
+                tn = await _batch_time(http, urls, model, text, prompt, streams, decode_tokens + 1)
                 steps.append(max(tn - t1, 1e-6) / decode_tokens)
-            ctx = streams * (short + decode_tokens // 2)
+            ctx = streams * (prompt + decode_tokens // 2)
             samples.append(StepSample(0, streams, ctx, statistics.median(steps)))
         cold, warm = [], []
         extra = max(prompt_tokens // 4, 1)
@@ -87,7 +115,9 @@ async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, de
 
 
 def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_tokens: int = 1024,
-                         decode_tokens: int = 32, repeats: int = 3) -> list[StepSample]:
+                         decode_tokens: int = 32, repeats: int = 3,
+                         decode_shapes: Sequence[tuple[int, int]] = DECODE_SHAPES, kv_blocks: int | None = None,
+                         block_size: int | None = None, max_num_seqs: int | None = None) -> list[StepSample]:
     """Measured engine steps of live engines (see the module docstring).
 
     Args:
@@ -97,11 +127,20 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
         prompt_tokens: cold prompt size (tokens); keep it <= the engines' max_num_batched_tokens.
         decode_tokens: decode steps timed per decode measurement.
         repeats: measurements per shape (median kept).
+        decode_shapes: (concurrent sequences, prompt tokens) per decode measurement.
+        kv_blocks, block_size, max_num_seqs: the engines' limits; shapes over them are
+            skipped (:func:`fitting_shapes`). ``None``: not checked.
 
     Returns:
-        5 samples: decode steps of 1, 8, 16 sequences; a cold prefill; a cached-prefix prefill.
+        One decode step per kept shape, in ``decode_shapes`` order, then a cold prefill and a
+        cached-prefix prefill.
 
     Raises:
         RuntimeError: an engine answered with an error.
+        ValueError: no decode shape fits the engines.
     """
-    return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats))
+    shapes = fitting_shapes(decode_shapes, decode_tokens, kv_blocks, block_size, max_num_seqs)
+    if not shapes:
+        raise ValueError(f"no decode shape of {list(decode_shapes)} fits engines of {kv_blocks} KV blocks of "
+                         f"{block_size} tokens and max_num_seqs {max_num_seqs}; give smaller shapes")
+    return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats, shapes))
