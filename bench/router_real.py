@@ -24,17 +24,19 @@ What it does, in one run and one folder (``runs/bench/router-real-<time>/``, one
 5. Replays the same trace in the simulator with the calibrated profile, the engines' real
    KV size and block size and the same policies and ceilings, and reports its error per figure.
 
-Figures per router (window: first unit completion to the end of the run, as the simulator
-defines it with warmup_frac=0): complete samples/min, requests/min, prefix hit rate (the
+Figures per router, over two windows: the whole run (first unit completion to the end, as
+the simulator defines it with warmup_frac=0) and the run after ``--warmup-minutes`` (our
+routers learn their estimates as they run and start cold, where a training job's router
+runs for hours; the simulator replays the same window): complete samples/min, requests/min, prefix hit rate (the
 engines' own counters), prefill tok/s (prompt tokens of finished requests, hits included)
 and computed prefill tok/s (engine prompt tokens - hits), decode tok/s (engine counter),
 consumed mixture and TV distance, per-class p50/p95 unit completion time, the composition
 of completed samples (output tokens/min, length-adjusted samples/min, decode tokens per
 sample), and the regime (:func:`regime`: sessions and running requests per engine, KV usage,
 the share of time every class cap is above 1); ratios to the sweep-tuned baseline. Over
-seeds (``summary.md``): each router's change against the sweep point with the best mean,
-mean ± std, the regime, and the simulator mimic's error against the real router per sweep
-point. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
+seeds (``summary.md``), per window: each router's change against the sweep point with the
+best mean, mean ± std, the simulator mimic's error against the real router per sweep point;
+and the regime. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
 ``kv_usage.png``, each run's engine/router logs and its recorded trace (JSONL, replayable
 with ``python -m router.sim trace=...``).
 
@@ -239,23 +241,70 @@ def regime(timeline: list[dict], instances: int, window: tuple[float, float]) ->
     }
 
 
-def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float) -> str:
-    """The table over seeds: each router's change against the sweep-tuned real vLLM Router
-    (the sweep point with the best mean samples/min over seeds, as the simulator's Table 5
-    picks it: :func:`router.sim.experiments.best_sweep_label`), mean ± spread; the regime
-    figures; and the simulator mimic's error against the real router per sweep point.
-    Writes ``summary.md`` and ``summary.json`` in ``out``; returns the markdown."""
-    real = [{"label": r["label"], "policy": r["policy"], "ceiling": r["ceiling"], "tags": [], "summary": r["real"]}
+def windows(results: list[dict], warmup_minutes: float) -> list[tuple[str, str, str]]:
+    """The measurement windows ``results`` carry: (real key, simulator key, title). The
+    whole run always; the after-warm-up window when every run has it."""
+    out = [("real", "sim", "whole run (from the first unit completion)")]
+    if warmup_minutes > 0 and results and all(r.get("real_after_warmup") for r in results):
+        out.append(("real_after_warmup", "sim_after_warmup", f"after the first {warmup_minutes:g} min (warm)"))
+    return out
+
+
+def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sweep: list[str], real_key: str,
+                    sim_key: str, lines: list[str]) -> dict:
+    """One window's part of :func:`summarize_seeds`: appends its markdown to ``lines`` and
+    returns its figures (baseline, aggregate, mimic error, headlines)."""
+    real = [{"label": r["label"], "policy": r["policy"], "ceiling": r["ceiling"], "tags": [], "summary": r[real_key]}
             for _, results in per_seed for r in results]
     agg = aggregate(real)
+    base = best_sweep_label(agg, sweep)
+    first = per_seed[0][1]
+    lines += [table5_markdown(agg, base, order, f"Real engines, change vs {base} (sweep-tuned), mean ± std over seeds"),
+              "", "### The simulator's vllm_router mimic against the real vLLM Router, per sweep point", "",
+              "Error = simulator − real, per seed then mean ± std. Goal (baseline issue): hit rate within "
+              "3 points, samples/min within 10%.", "",
+              "| sweep point | hit real | hit sim | hit error (points) | samples/min real | sim | error |",
+              "|---|---|---|---|---|---|---|"]
+    mimic: dict[str, dict] = {}
+    for label in sweep + [r["label"] for r in first if r["impl"] == "vllm" and not r["sweep"]]:
+        rows = [r for _, results in per_seed for r in results if r["label"] == label and r.get(sim_key)]
+        if not rows:
+            continue
+        hit_err = [100 * (r[sim_key]["prefix_hit_rate"] - r[real_key]["prefix_hit_rate"]) for r in rows]
+        spm_err = [100 * _err(r[sim_key]["samples_per_min"], r[real_key]["samples_per_min"]) for r in rows
+                   if r[real_key]["samples_per_min"]]
+
+        def ms(v: list[float]) -> str:
+            return f"{statistics.fmean(v):+.1f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.1f}" if v else "n/a"
+
+        mimic[label] = {"hit_error_points": hit_err, "samples_per_min_error_pct": spm_err}
+        lines.append(f"| {label} | {statistics.fmean(r[real_key]['prefix_hit_rate'] for r in rows):.1%} | "
+                     f"{statistics.fmean(r[sim_key]['prefix_hit_rate'] for r in rows):.1%} | {ms(hit_err)} | "
+                     f"{statistics.fmean(r[real_key]['samples_per_min'] for r in rows):.2f} | "
+                     f"{statistics.fmean(r[sim_key]['samples_per_min'] for r in rows):.2f} | {ms(spm_err)}% |")
+    heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
+    lines += ["", *heads, ""]
+    return {"baseline": base, "aggregate": agg, "mimic_error": mimic, "headlines": heads}
+
+
+def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float,
+                    warmup_minutes: float = 0.0) -> str:
+    """The table over seeds, per measurement window (:func:`windows`): each router's change
+    against the sweep-tuned real vLLM Router (the sweep point with the best mean samples/min
+    over seeds in that window, as the simulator's Table 5 picks it:
+    :func:`router.sim.experiments.best_sweep_label`), mean ± spread, the simulator mimic's
+    error against the real router per sweep point and one headline per policy; then the
+    regime figures. Writes ``summary.md`` and ``summary.json`` in ``out``; returns the markdown."""
     first = per_seed[0][1]
     order = [r["label"] for r in first]
     sweep = [r["label"] for r in first if r["sweep"]] or order[:1]
-    base = best_sweep_label(agg, sweep)
     seeds = [s for s, _ in per_seed]
-    lines = [f"# Routers on 2 real vLLM CPU engines: {len(seeds)} seed(s) {seeds}, {minutes:g} min per router", "",
-             table5_markdown(agg, base, order, f"Real engines, change vs {base} (sweep-tuned), mean ± std over seeds"),
-             "", "### Regime (means over seeds)", "",
+    lines = [f"# Routers on 2 real vLLM CPU engines: {len(seeds)} seed(s) {seeds}, {minutes:g} min per router", ""]
+    per_window: dict[str, dict] = {}
+    for real_key, sim_key, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
+        lines += [f"## Window: {title}", ""]
+        per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sim_key, lines)
+    lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
              "|---|---|---|---|---|---|"]
     regimes: dict[str, list[dict]] = {}
@@ -269,84 +318,76 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      f"{statistics.fmean(g['running_per_engine'] for g in rg):.1f} | "
                      f"{statistics.fmean(g['kv_usage'] for g in rg):.2f} | "
                      + (f"{statistics.fmean(caps):.0%} of the time" if caps else "n/a (no class caps)")
-                     + f" | {agg[label]['preemptions']:.0f} |")
-    lines += ["", "### The simulator's vllm_router mimic against the real vLLM Router, per sweep point", "",
-              "Error = simulator − real, per seed then mean ± std. Goal (baseline issue): hit rate within "
-              "3 points, samples/min within 10%.", "",
-              "| sweep point | hit real | hit sim | hit error (points) | samples/min real | sim | error |",
-              "|---|---|---|---|---|---|---|"]
-    mimic: dict[str, dict] = {}
-    for label in sweep + [r["label"] for r in first if r["impl"] == "vllm" and not r["sweep"]]:
-        rows = [r for _, results in per_seed for r in results if r["label"] == label and "sim" in r]
-        if not rows:
-            continue
-        hit_err = [100 * (r["sim"]["prefix_hit_rate"] - r["real"]["prefix_hit_rate"]) for r in rows]
-        spm_err = [100 * _err(r["sim"]["samples_per_min"], r["real"]["samples_per_min"]) for r in rows
-                   if r["real"]["samples_per_min"]]
-
-        def ms(v: list[float]) -> str:
-            return f"{statistics.fmean(v):+.1f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.1f}" if v else "n/a"
-
-        mimic[label] = {"hit_error_points": hit_err, "samples_per_min_error_pct": spm_err}
-        lines.append(f"| {label} | {statistics.fmean(r['real']['prefix_hit_rate'] for r in rows):.1%} | "
-                     f"{statistics.fmean(r['sim']['prefix_hit_rate'] for r in rows):.1%} | {ms(hit_err)} | "
-                     f"{statistics.fmean(r['real']['samples_per_min'] for r in rows):.2f} | "
-                     f"{statistics.fmean(r['sim']['samples_per_min'] for r in rows):.2f} | {ms(spm_err)}% |")
-    heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
-    lines += ["", *heads, ""]
+                     + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
+    lines.append("")
     text = "\n".join(lines)
     (out / "summary.md").write_text(text)
-    (out / "summary.json").write_text(json.dumps({"seeds": seeds, "baseline": base, "aggregate": agg,
-                                                  "regime": regimes, "mimic_error": mimic, "headlines": heads},
-                                                 indent=1))
+    summary = {"seeds": seeds, "regime": regimes, "windows": per_window}
+    summary.update(per_window["real"])  # the whole run's keys at the top level, as before
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     Console(width=160).print(text)
     return text
 
 
-def report(results: list[dict], base_label: str, out: Path, minutes: float) -> str:
-    """Print the tables (real figures vs the baseline; simulator vs real) and save them and the plots."""
-    console = Console(width=160)
-    base = next(r for r in results if r["label"] == base_label)["real"]
-    classes = list(MIXTURE)
-    t = Table(title=f"Routers on 2 real vLLM CPU engines, {minutes:g} min each (baseline: {base_label}, best of the sweep)")
-    cols = ["router", "samples/min", "x base", "RPM", "x base", "prefix hit", "prefill tok/s", "x base",
-            "decode tok/s", "x base", "mixture a/v/h %", "TV", "p50/p95 s a · v · h", "preempt", "errors"]
-    for c in cols:
-        t.add_column(c, justify="left" if c == "router" else "right")
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in results:
-        s = r["real"]
-        mix = "/".join(f"{s['consumed_mixture'].get(b, 0) * 100:.0f}" for b in classes)
-        comp = " · ".join(f"{s['completion_s'][b]['p50']:.0f}/{s['completion_s'][b]['p95']:.0f}"
-                          if b in s["completion_s"] else "-" for b in classes)
-        row = [r["label"], f"{s['samples_per_min']:.1f}", _rel(s["samples_per_min"], base["samples_per_min"]),
-               f"{s['requests_per_min']:.0f}", _rel(s["requests_per_min"], base["requests_per_min"]),
-               f"{s['prefix_hit_rate']:.1%}", f"{s['prefill_tok_s']:.0f}", _rel(s["prefill_tok_s"], base["prefill_tok_s"]),
-               f"{s['decode_tok_s']:.0f}", _rel(s["decode_tok_s"], base["decode_tok_s"]), mix,
-               f"{s['tv_distance']:.3f}", comp, str(s["preemptions"]), str(len(r["errors"]))]
-        t.add_row(*row)
-        md.append("| " + " | ".join(row) + " |")
-    console.print(t)
+def _best_sweep(results: list[dict], key: str) -> str:
+    """Label of the sweep point with the best samples/min in window ``key`` (a seed's baseline)."""
+    sweep = [r for r in results if r["sweep"]] or results[:1]
+    return max(sweep, key=lambda r: r[key]["samples_per_min"])["label"]
 
-    t2 = Table(title="Simulator (CPU-fitted profile) vs the real engines: error = (sim - real) / real")
-    cols2 = ["router"] + [f"{f} real | sim | err" for f in FIGURES]
-    for c in cols2:
-        t2.add_column(c, justify="left" if c == "router" else "right")
-    md_cols2 = ["router"] + [f"{f} {part}" for f in FIGURES for part in ("real", "sim", "err")]
-    md2 = ["| " + " | ".join(md_cols2) + " |", "|" + "---|" * len(md_cols2)]
-    for r in results:
-        cells = []
-        for f in FIGURES:
-            real, sim = r["real"][f], r["sim"][f]
-            e = _err(sim, real)
-            fmt = "{:.1%}" if f == "prefix_hit_rate" else "{:.1f}"
-            cells.append((fmt.format(real), fmt.format(sim), f"{e:+.0%}" if e is not None else "n/a"))
-        t2.add_row(r["label"], *(" | ".join(c) for c in cells))
-        md2.append("| " + " | ".join([r["label"], *(x for c in cells for x in c)]) + " |")
-    console.print(t2)
-    text = "\n".join(["## Real engines", "", *md, "", "## Simulator vs real", "", *md2, ""])
+
+def report(results: list[dict], out: Path, minutes: float, warmup_minutes: float = 0.0) -> str:
+    """Print one seed's tables per window (real figures vs that window's best sweep point;
+    simulator vs real) and save them (``table.md``) and the plots."""
+    console = Console(width=160)
+    classes = list(MIXTURE)
+    md_all: list[str] = []
+    for real_key, sim_key, title in windows(results, warmup_minutes):
+        base_label = _best_sweep(results, real_key)
+        base = next(r for r in results if r["label"] == base_label)[real_key]
+        t = Table(title=f"Routers on 2 real vLLM CPU engines, {minutes:g} min each, {title} "
+                        f"(baseline: {base_label}, best of the sweep)")
+        cols = ["router", "samples/min", "x base", "RPM", "x base", "prefix hit", "prefill tok/s", "x base",
+                "decode tok/s", "x base", "mixture a/v/h %", "TV", "p50/p95 s a · v · h", "preempt", "errors"]
+        for c in cols:
+            t.add_column(c, justify="left" if c == "router" else "right")
+        md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in results:
+            s = r[real_key]
+            mix = "/".join(f"{s['consumed_mixture'].get(b, 0) * 100:.0f}" for b in classes)
+            comp = " · ".join(f"{s['completion_s'][b]['p50']:.0f}/{s['completion_s'][b]['p95']:.0f}"
+                              if b in s["completion_s"] else "-" for b in classes)
+            row = [r["label"], f"{s['samples_per_min']:.1f}", _rel(s["samples_per_min"], base["samples_per_min"]),
+                   f"{s['requests_per_min']:.0f}", _rel(s["requests_per_min"], base["requests_per_min"]),
+                   f"{s['prefix_hit_rate']:.1%}", f"{s['prefill_tok_s']:.0f}",
+                   _rel(s["prefill_tok_s"], base["prefill_tok_s"]), f"{s['decode_tok_s']:.0f}",
+                   _rel(s["decode_tok_s"], base["decode_tok_s"]), mix, f"{s['tv_distance']:.3f}", comp,
+                   str(s["preemptions"]), str(len(r["errors"]))]
+            t.add_row(*row)
+            md.append("| " + " | ".join(row) + " |")
+        console.print(t)
+
+        t2 = Table(title=f"Simulator (CPU-fitted profile) vs the real engines, {title}: error = (sim - real) / real")
+        cols2 = ["router"] + [f"{f} real | sim | err" for f in FIGURES]
+        for c in cols2:
+            t2.add_column(c, justify="left" if c == "router" else "right")
+        md_cols2 = ["router"] + [f"{f} {part}" for f in FIGURES for part in ("real", "sim", "err")]
+        md2 = ["| " + " | ".join(md_cols2) + " |", "|" + "---|" * len(md_cols2)]
+        for r in results:
+            if not r.get(sim_key):
+                continue
+            cells = []
+            for f in FIGURES:
+                real, sim = r[real_key][f], r[sim_key][f]
+                e = _err(sim, real)
+                fmt = "{:.1%}" if f == "prefix_hit_rate" else "{:.1f}"
+                cells.append((fmt.format(real), fmt.format(sim), f"{e:+.0%}" if e is not None else "n/a"))
+            t2.add_row(r["label"], *(" | ".join(c) for c in cells))
+            md2.append("| " + " | ".join([r["label"], *(x for c in cells for x in c)]) + " |")
+        console.print(t2)
+        md_all += [f"## Real engines, {title}", "", *md, "", f"## Simulator vs real, {title}", "", *md2, ""]
+    text = "\n".join(md_all)
     (out / "table.md").write_text(text)
-    _plots(results, base_label, out)
+    _plots(results, _best_sweep(results, "real"), out)
     return text
 
 
@@ -422,6 +463,9 @@ def _check_args(args: argparse.Namespace) -> None:
     for name, value in positive.items():
         if not math.isfinite(value) or value <= 0:
             raise usage_error(f"{name} must be a positive number, got {value}")
+    if not (math.isfinite(args.warmup_minutes) and 0 <= args.warmup_minutes < args.minutes):
+        raise usage_error(f"--warmup-minutes must be >= 0 and below --minutes {args.minutes:g}, "
+                          f"got {args.warmup_minutes}")
     if not 0 <= args.tool_gap_share < 1:
         raise usage_error(f"--tool-gap-share must be in [0, 1), got {args.tool_gap_share}")
     if args.kv_tokens < args.max_model_len:
@@ -434,6 +478,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--minutes", type=float, default=3.0, help="wall time per router run")
+    parser.add_argument("--warmup-minutes", type=float, default=1.0,
+                        help="also measure each run after this much wall time (the warm window; 0: whole run only)")
     parser.add_argument("--sweep", default="16,32,64,96", help="vllm-router ceilings (units in flight) to sweep")
     parser.add_argument("--ceiling", type=int, default=96, help="the common permissive ceiling")
     parser.add_argument("--policies", default="misa_t,kv_horizon",
@@ -452,13 +498,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.resimulate is not None:
         seed_dirs = sorted(p for p in args.resimulate.glob("seed-*") if p.is_dir())
-        per_seed, minutes = [], 0.0
+        per_seed, minutes, warmup = [], 0.0, 0.0
         for d in seed_dirs or [args.resimulate]:
-            results, base, minutes = resimulate(d)
-            report(results, base, d, minutes)
+            results, minutes, warmup = resimulate(d)
+            report(results, d, minutes, warmup)
             per_seed.append((int(d.name.removeprefix("seed-")) if seed_dirs else 0, results))
         if seed_dirs:
-            summarize_seeds(per_seed, args.resimulate, minutes)
+            summarize_seeds(per_seed, args.resimulate, minutes, warmup)
         print(f"results: {args.resimulate}")
         return
     _check_args(args)
@@ -491,19 +537,19 @@ def main() -> None:
     except (EngineError, ProcessStartError, ReplayError, SimError) as e:
         print(f"bench.router_real failed: {e}\nlogs: {out}", file=sys.stderr)
         raise SystemExit(1) from None
-    for seed, results, base in done:
-        report(results, base, out / f"seed-{seed}", args.minutes)
-    summarize_seeds([(seed, results) for seed, results, _ in done], out, args.minutes)
+    for seed, results in done:
+        report(results, out / f"seed-{seed}", args.minutes, args.warmup_minutes)
+    summarize_seeds(done, out, args.minutes, args.warmup_minutes)
     print(f"results: {out}")
 
 
 def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[int],
-                  out: Path) -> list[tuple[int, list[dict], str]]:
+                  out: Path) -> list[tuple[int, list[dict]]]:
     """Engines up, calibrate once, then per seed (its own trace, in ``out/seed-<n>/``) replay
     through every router; the simulator half runs after the engines stopped.
 
     Returns:
-        ``[(seed, results, baseline label)]``.
+        ``[(seed, results)]``.
     """
     from transformers import AutoTokenizer
 
@@ -555,7 +601,8 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                         bar.refresh()
 
                     res = replay(router.url, served, traces[seed], MIXTURE, run.ceiling, args.minutes * 60, text,
-                                 urls, progress=progress, router_state=run.impl == "ours")
+                                 urls, progress=progress, router_state=run.impl == "ours",
+                                 warmup_s=args.warmup_minutes * 60)
                 finally:
                     bar.close()
                     router.stop()
@@ -566,7 +613,8 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 write_trace(res.recorded_trace(), run_dir / "recorded_trace.jsonl")
                 (run_dir / "errors.txt").write_text("\n".join(res.errors))
                 results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
-                                "sweep": run.sweep, "real": res.summary, "errors": res.errors,
+                                "sweep": run.sweep, "real": res.summary, "real_after_warmup": res.after_warmup,
+                                "errors": res.errors,
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
                 (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},
@@ -574,16 +622,20 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
     done = []
     for seed, results in per_seed:
         simulate(results, runs, traces[seed], calibration, len(urls), args.max_num_batched_tokens,
-                 int(ecfg.max_num_seqs), args.max_model_len, args.minutes, seed)
+                 int(ecfg.max_num_seqs), args.max_model_len, args.minutes, seed, args.warmup_minutes)
         seed_args = {k: str(v) for k, v in vars(args).items() if k != "seeds"} | {"seed": str(seed)}
-        done.append((seed, results, _save(out / f"seed-{seed}", results, calibration, seed_args)))
+        _save(out / f"seed-{seed}", results, calibration, seed_args)
+        done.append((seed, results))
     return done
 
 
 def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dict, instances: int,
-             max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, minutes: float, seed: int) -> None:
+             max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, minutes: float, seed: int,
+             warmup_minutes: float = 0.0) -> None:
     """Replay ``trace`` in the simulator for each run, with the profile fitted to the measured
-    steps in ``calibration`` and the engines' KV blocks and block size; sets ``r["sim"]``."""
+    steps in ``calibration`` and the engines' KV blocks and block size; sets ``r["sim"]`` (whole
+    run) and, with a warm-up, ``r["sim_after_warmup"]`` (the window from the first unit
+    completion after ``warmup_minutes``; a second replay, the window being one per run)."""
     cost = fit_linear_step_cost([StepSample(**s) for s in calibration["samples"]])
     calibration["profile"] = dataclasses.asdict(cost)
     info = calibration["engines"]
@@ -594,24 +646,24 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                         signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
                         context_limit_tokens=max_model_len, warmup_frac=0.0, horizon_s=minutes * 60, seed=seed)
         r["sim"] = Simulation(cfg, trace, run.sim_policy()).run().summary
+        r["sim_after_warmup"] = (Simulation(dataclasses.replace(cfg, warmup_s=warmup_minutes * 60), trace,
+                                            run.sim_policy()).run().summary if warmup_minutes > 0 else None)
 
 
-def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> str:
-    """Write ``results.json``; returns the baseline label (the sweep's best samples/min)."""
-    sweep = [r for r in results if r["sweep"]] or results[:1]
-    base = max(sweep, key=lambda r: r["real"]["samples_per_min"])["label"]
+def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None:
+    """Write ``results.json`` (``baseline``: the sweep's best samples/min over the whole run)."""
     (out / "results.json").write_text(json.dumps(
-        {"calibration": calibration, "baseline": base, "args": args, "runs": results}, indent=1))
-    return base
+        {"calibration": calibration, "baseline": _best_sweep(results, "real"), "args": args, "runs": results},
+        indent=1))
 
 
-def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
+def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
     """Redo the simulator half of one seed's finished benchmark in ``run_dir`` with the current
     simulator, profile fit and policy settings (its real figures, trace and measured steps
     are kept), e.g. after a change to the simulator.
 
     Returns:
-        (results, baseline label, minutes per run).
+        (results, minutes per run, warm-up minutes; 0 for a run saved before the warm window).
 
     Raises:
         SystemExit: ``run_dir`` is not a finished ``bench.router_real`` seed folder.
@@ -625,6 +677,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
         args = saved["args"]
         results, calibration = saved["runs"], saved["calibration"]
         minutes, seed = float(args["minutes"]), int(args["seed"])
+        warmup = float(args.get("warmup_minutes", 0.0))
         max_model_len, batched = int(args["max_model_len"]), int(args["max_num_batched_tokens"])
         trace = read_trace(run_dir / "trace.jsonl")
     except (ValueError, KeyError, TypeError, SimError) as e:
@@ -637,8 +690,9 @@ def resimulate(run_dir: Path) -> tuple[list[dict], str, float]:
             r["regime"] = regime(r.get("timeline") or [], int(ecfg.num_engines),
                                  tuple(r["real"].get("window_s") or (0.0, math.inf)))
     simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,
-             minutes, seed)
-    return results, _save(run_dir, results, calibration, args), minutes
+             minutes, seed, warmup)
+    _save(run_dir, results, calibration, args)
+    return results, minutes, warmup
 
 
 async def _engine_info(urls: list[str]) -> dict:

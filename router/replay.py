@@ -108,7 +108,11 @@ class ReplayResult:
     """What one replay measured.
 
     Attributes:
-        summary: the figures of :func:`window_summary` (same keys as the simulator's).
+        summary: the figures of :func:`window_summary` (same keys as the simulator's) over
+            the whole run: from the first unit completion to the end.
+        after_warmup: the same figures from the first engine sample at or after
+            ``warmup_s`` (and after the first completion) to the end; ``None`` when
+            ``warmup_s`` is 0 or the run ended before it.
         requests: every finished request (``RequestRecord``).
         errors: one line per failed request (HTTP status and the body's start).
         timeline: periodic samples (``t_s``, per-engine KV usage, running, waiting, cumulative
@@ -117,6 +121,7 @@ class ReplayResult:
     """
 
     summary: dict
+    after_warmup: dict | None = None
     requests: list[RequestRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
@@ -308,7 +313,7 @@ class _Replay:
             await asyncio.sleep(period_s)
 
     async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,
-                  request_timeout_s: float) -> ReplayResult:
+                  request_timeout_s: float, warmup_s: float = 0.0) -> ReplayResult:
         timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
             self.http = http
@@ -317,10 +322,13 @@ class _Replay:
             sampler = asyncio.ensure_future(self.sample_engines(5.0))
             self.release()
             t0, c0 = None, c_start_baseline
+            tw, cw = None, None  # the after-warm-up window's start
             deadline = self.t_start + duration_s
             while time.monotonic() < deadline and not (self.pool_dry.is_set() and not self.tasks):
                 if t0 is None and self.first_done.is_set():
                     t0, c0 = self.now(), await scrape_engines(http, self.engine_urls)
+                if warmup_s > 0 and tw is None and t0 is not None and self.now() >= warmup_s:
+                    tw, cw = self.now(), await scrape_engines(http, self.engine_urls)
                 if progress is not None:
                     progress(self.now(), sum(self.trainer.completed.values()))
                 await asyncio.sleep(0.5)
@@ -333,13 +341,14 @@ class _Replay:
         if t0 is None:
             t0, c0 = 0.0, c_start_baseline
         summary = window_summary(self.trainer, self.requests, (t0, t1), (c0, c1))
-        return ReplayResult(summary, self.requests, self.errors, self.timeline)
+        after = window_summary(self.trainer, self.requests, (tw, t1), (cw, c1)) if tw is not None else None
+        return ReplayResult(summary, after, self.requests, self.errors, self.timeline)
 
 
 def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float], ceiling: int,
            duration_s: float, text: WordText, engine_urls: Sequence[str],
            progress: Callable[[float, int], None] | None = None, request_timeout_s: float = 900.0,
-           router_state: bool = False) -> ReplayResult:
+           router_state: bool = False, warmup_s: float = 0.0) -> ReplayResult:
     """Replay ``sessions`` through ``url`` for ``duration_s`` seconds of wall time.
 
     Args:
@@ -357,15 +366,20 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
         request_timeout_s: per-request limit; a request past it fails its unit.
         router_state: ``url`` is our router: sample its ``/state`` (policy caps, held
             requests) into the timeline.
+        warmup_s: also measure the window after this many seconds (``after_warmup``):
+            a router that learns its estimates as it runs (ours) starts cold, and a
+            training job's router runs for hours; 0 = whole run only.
 
     Returns:
         :class:`ReplayResult`.
 
     Raises:
-        ReplayError: ``duration_s`` <= 0, or an engine's ``/metrics`` did not answer.
+        ReplayError: ``duration_s`` <= 0, ``warmup_s`` outside [0, ``duration_s``), or an engine's ``/metrics`` did not answer.
         router.sim.errors.SimError: a bad mixture or ceiling (from the trainer model).
     """
     if duration_s <= 0:
         raise ReplayError(f"duration_s must be > 0, got {duration_s}")
+    if not 0 <= warmup_s < duration_s:
+        raise ReplayError(f"warmup_s must be in [0, duration_s={duration_s}), got {warmup_s}")
     return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, router_state)
-                       .run(duration_s, progress, request_timeout_s))
+                       .run(duration_s, progress, request_timeout_s, warmup_s))

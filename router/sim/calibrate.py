@@ -37,9 +37,9 @@ from router.sim.cost_model import StepSample
 
 #: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
 #: contexts a loaded engine runs (the CPU benchmark's engines hold 8,192 KV tokens and run
-#: 10-48 sequences of 100-600 tokens).
+#: 10-48 sequences of 100-600 tokens; with its 64 blocks of 128 every shape here fits).
 DECODE_SHAPES: tuple[tuple[int, int], ...] = ((1, 64), (8, 64), (16, 64), (32, 64), (48, 64), (8, 512),
-                                              (16, 384), (32, 160))
+                                              (16, 300), (24, 200))
 
 
 async def _timed_completion(http: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> float:

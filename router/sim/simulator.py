@@ -122,6 +122,9 @@ class SimConfig:
             trainer will release has completed, and ends when the trainer stops releasing
             (its first class pool ran dry). If that leaves no window (the ceiling let the
             whole trace in at once) the window is the whole run.
+        warmup_s: the window also starts no earlier than this simulated time (s): the first
+            unit completion at or after it (``bench.router_real`` measures real runs after a
+            wall-clock warm-up; 0 = by ``warmup_frac`` only).
         timeline_period_s: period of the timeline samples (plots).
         min_recheck_s: floor on a Hold's recheck delay (a 0 would stall the clock).
         held_refresh_s: every held request is asked again at least this often, whatever
@@ -146,6 +149,7 @@ class SimConfig:
     signals: SignalConfig = SignalConfig()
     context_limit_tokens: int = 131072
     warmup_frac: float = 0.1
+    warmup_s: float = 0.0
     timeline_period_s: float = 30.0
     min_recheck_s: float = 0.05
     held_refresh_s: float = 240.0
@@ -500,7 +504,8 @@ class Simulation:
             self._observe(SessionEnded(req.session_id, self.now))
             del self._runs[req.session_id]
             self.trainer.complete(run.trace.unit_id, self.now)
-            if "start" not in self._window and sum(self.trainer.completed.values()) >= self._warmup_units:
+            if ("start" not in self._window and sum(self.trainer.completed.values()) >= self._warmup_units
+                    and self.now >= self.cfg.warmup_s):
                 self._mark_window("start")
             self.log.session_done(run.trace.workload_class, run.model_s, run.gap_s, run.released_s,
                                   run.admitted_s, self.now, -(-(req.prompt_tokens + sreq.output_tokens)

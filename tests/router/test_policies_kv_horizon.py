@@ -96,16 +96,25 @@ def test_growth_is_at_most_a_whole_session_of_the_class() -> None:
     for bound, growth in ((True, 10.0), (False, 40.0)):
         p = policy(current_from="metrics", growth_model="session", growth_bound=bound)
         _complete_sessions(p, "rlvr", 8, first=160, final=320, residency_s=4.0)
-        assert p._session_growth_blocks(p._load("w0"), "rlvr", 16) == pytest.approx(growth)
+        assert p._session_growth_blocks(p._load("w0"), "rlvr", 16, "w0") == pytest.approx(growth)
         start(p, req("s0", cls="rlvr", tokens=320), cluster("w0"), 0.5)
         assert p.reserved_blocks("w0", 0.5) == pytest.approx(20 + growth)  # 20 prompt blocks since the sample
     # where the horizon is the shorter (sessions of 100 s growing 160 tokens: 1.6 tok/s x 16 s =
     # 25.6 tokens), the bound does not bind
     p = policy(current_from="metrics", growth_model="session", growth_bound=True)
     _complete_sessions(p, "rlvr", 8, first=160, final=320, residency_s=100.0)
-    assert p._session_growth_blocks(p._load("w0"), "rlvr", 16) == pytest.approx(25.6 / 16)
-    # before 8 sessions completed there is no G_b: r_w x horizon (10 tok/s x 16 s = 10 blocks)
-    assert p._session_growth_blocks(p._load("w0"), "agent", 16) == pytest.approx(10.0)
+    assert p._session_growth_blocks(p._load("w0"), "rlvr", 16, "w0") == pytest.approx(25.6 / 16)
+    # before 8 sessions completed there is no G_b: r_w x horizon (10 tok/s x 16 s = 10 blocks),
+    # at most the footprint prior (32,768 tokens, at most 1/8 of 100 blocks = 12.5: not binding)
+    assert p._session_growth_blocks(p._load("w0"), "agent", 16, "w0") == pytest.approx(10.0)
+    # a prior smaller than r_w x horizon binds: 1/20 of 100 blocks = 5 blocks
+    p = policy(current_from="metrics", growth_model="session", growth_bound=True, footprint_prior_share=0.05)
+    assert p._session_growth_blocks(p._load("w0"), "agent", 16, "w0") == pytest.approx(5.0)
+    start(p, req("s0", cls="agent", tokens=320), cluster("w0"), 0.5)
+    assert p.reserved_blocks("w0", 0.5) == pytest.approx(20 + 5.0)
+    # without growth_bound the young session reserves the whole r_w x horizon
+    p = policy(current_from="metrics", growth_model="session", growth_bound=False, footprint_prior_share=0.05)
+    assert p._session_growth_blocks(p._load("w0"), "agent", 16, "w0") == pytest.approx(10.0)
 
 
 def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -> None:

@@ -123,6 +123,25 @@ def test_replay_counts_a_failing_unit_as_failed_not_complete(fake_engine, word_t
 def test_replay_refuses_a_non_positive_duration(word_text):
     with pytest.raises(ReplayError, match="duration_s"):
         replay("http://127.0.0.1:1", "m", [_rlvr("r0", "g")], {"rlvr": 1}, 1, 0, word_text, [])
+    with pytest.raises(ReplayError, match="warmup_s must be in"):
+        replay("http://127.0.0.1:1", "m", [_rlvr("r0", "g")], {"rlvr": 1}, 1, 10, word_text, [], warmup_s=10)
+
+
+def test_replay_measures_the_window_after_its_warm_up(fake_engine, word_text):
+    """With ``warmup_s`` a second window starts at the first engine sample after it: 100
+    groups one after another (ceiling 2, groups of 2) take at least 100 x 20 ms, past it."""
+    engine, url = fake_engine
+    sessions = [_rlvr(f"r{g}-{k}", f"g{g}") for g in range(100) for k in range(2)]
+    res = replay(url, "fake-model", sessions, {"rlvr": 1}, ceiling=2, duration_s=60, text=word_text,
+                 engine_urls=[url], warmup_s=0.5)
+    whole, warm = res.summary, res.after_warmup
+    assert warm is not None and whole["units_completed"] == 200
+    assert whole["window_s"][0] <= warm["window_s"][0] and 0.5 <= warm["window_s"][0] < warm["window_s"][1]
+    assert warm["window_s"][1] == whole["window_s"][1]
+    assert 0 < warm["samples_per_min"]
+    # Without a warm-up there is no second window.
+    assert replay(url, "fake-model", sessions[:4], {"rlvr": 1}, ceiling=2, duration_s=60, text=word_text,
+                  engine_urls=[url]).after_warmup is None
 
 
 def test_window_summary_counts_only_units_completed_in_the_window():

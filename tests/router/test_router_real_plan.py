@@ -49,6 +49,8 @@ def test_cpu_workload_keeps_the_paper_shape():
     (["--policies", "aimd"], "--policies: unknown ['aimd']; valid: round_robin, vllm_router"),
     (["--minutes", "0"], "--minutes must be a positive number"),
     (["--minutes", "nan"], "--minutes must be a positive number"),
+    (["--warmup-minutes", "3"], "--warmup-minutes must be >= 0 and below --minutes 3"),
+    (["--warmup-minutes", "-1"], "--warmup-minutes must be >= 0"),
     (["--kv-tokens", "1024"], "--kv-tokens 1024 is below --max-model-len 2048"),
     (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
     (["--seeds", "1,1"], "--seeds: each seed once"),
@@ -112,10 +114,32 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +0.0% ± 0.0 samples/min" in summary
     assert json.loads((tmp_path / "multi" / "summary.json").read_text())["baseline"] == "vllm-router c=4"
 
+    # A run measured with a warm-up: the simulator replays the warm window too (its window
+    # starts at the first completion after the warm-up), and both windows are tabled.
+    warm = tmp_path / "warm" / "seed-0"
+    warm.mkdir(parents=True)
+    shutil.copy(tmp_path / "trace.jsonl", warm / "trace.jsonl")
+    runs_w = [dict(r, real_after_warmup=dict(real, samples_per_min=12.0)) for r in runs]
+    runs_w[1]["real_after_warmup"]["samples_per_min"] = 15.0
+    (warm / "results.json").write_text(json.dumps({"calibration": calibration, "runs": runs_w,
+                                                   "args": dict(args, warmup_minutes="0.2")}))
+    run_w = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "warm")],
+                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert run_w.returncode == 0, run_w.stderr
+    saved_w = json.loads((warm / "results.json").read_text())["runs"]
+    for r in saved_w:
+        assert r["sim_after_warmup"]["window_s"][0] >= 12.0 > r["sim"]["window_s"][0]
+    summary_w = (tmp_path / "warm" / "summary.md").read_text()
+    assert "## Window: whole run" in summary_w and "## Window: after the first 0.2 min (warm)" in summary_w
+    assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +25.0% ± 0.0 samples/min" in summary_w
+    windows = json.loads((tmp_path / "warm" / "summary.json").read_text())["windows"]
+    assert set(windows) == {"real", "real_after_warmup"}
+    assert "after the first 0.2 min" in (warm / "table.md").read_text()
+
     bad = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert bad.returncode == 2 and "error: --resimulate" in bad.stderr and "no results.json there" in bad.stderr
-    md = (tmp_path / "table.md").read_text().split("## Simulator vs real")[1].strip().splitlines()
+    md = (tmp_path / "table.md").read_text().split("## Simulator vs real")[1].split("\n", 1)[1].strip().splitlines()
     assert len({line.count("|") for line in md}) == 1  # header, separator and rows have the same cells
     assert "Traceback" not in bad.stderr
 
