@@ -131,16 +131,20 @@ class RouterRun:
         cfg["params"] = {**(cfg.get("params") or {}), **self.params}
         return cfg
 
-    def sim_policy(self):
+    def sim_policy(self, missing_tokens_share: float = 0.0):
         """The same policy for the simulator. The real vLLM Router is its point-by-point
         mimic ``vllm_router`` (router/policies/vllm_router.py: an approximate text tree per
-        worker, never told about evictions) with the thresholds this run launched it with;
-        the simulator synthesises the prompt text it matches on (router/sim/prompt_text.py)."""
+        worker, never told about evictions) with the thresholds this run launched it with
+        and the share of requests the real one placed without tokens (``missing_tokens``,
+        measured from its metrics: the engines did not tokenize the prompt within its 1 s
+        budget, which the simulator does not model); the simulator synthesises the prompt
+        text it matches on (router/sim/prompt_text.py)."""
         if self.impl == "vllm":
             cfg = self.router_cfg()
             return make_policy("vllm_router", {
-                k: cfg[k] for k in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
-                                    "eviction_interval_s", "max_tree_size") if k in cfg})
+                **{k: cfg[k] for k in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
+                                       "eviction_interval_s", "max_tree_size") if k in cfg},
+                "missing_tokens_share": missing_tokens_share})
         return make_policy(self.policy, self.router_cfg()["params"])
 
 
@@ -148,6 +152,36 @@ REPLAY_PARAMS = {"kv_horizon": {"request_bound": False}}
 """Options our policies run with here: the replay sends each request's exact output length as
 ``max_tokens`` (router/replay.py), so kv_horizon's ``request_bound`` would know every sample's
 length in advance, which no trainer's request tells it."""
+
+
+ROUTER_DECISIONS = "vllm_router_prefix_routing_decisions_total"
+"""vllm-router 0.1.17's counter of cache_aware placements, labelled ``outcome``:
+prefix_hit, prefix_miss, load_imbalance, missing_tokens."""
+
+
+def router_decisions(metrics_text: str) -> dict[str, int]:
+    """``{outcome: count}`` of :data:`ROUTER_DECISIONS` in a vllm-router ``/metrics`` page
+    (summed over its other labels); ``{}`` when the page has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == ROUTER_DECISIONS and "outcome" in sample.labels:
+                out[sample.labels["outcome"]] = out.get(sample.labels["outcome"], 0) + int(sample.value)
+    return out
+
+
+def missing_tokens_share(decisions: dict[str, int] | None) -> float:
+    """Share of placements the real router made without tokens (0 when none were counted)."""
+    total = sum((decisions or {}).values())
+    return (decisions or {}).get("missing_tokens", 0) / total if total else 0.0
+
+
+async def _fetch_text(url: str) -> str:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with http.get(url) as r:
+            return await r.text()
 
 
 def plan_runs(sweep: list[int], ceiling: int, policies: list[str]) -> list[RouterRun]:
@@ -287,6 +321,31 @@ def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sw
     return {"baseline": base, "aggregate": agg, "mimic_error": mimic, "headlines": heads}
 
 
+def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+    """Markdown: how each vllm-router run placed its requests (the real router's
+    :data:`ROUTER_DECISIONS` against the mimic's), shares summed over seeds; ``[]`` when no
+    run recorded them (runs saved before they were scraped)."""
+    outcomes = ("prefix_hit", "prefix_miss", "missing_tokens", "load_imbalance")
+    rows = []
+    for label in order:
+        runs = [r for _, res in per_seed for r in res if r["label"] == label and r.get("router_decisions")]
+        if not runs:
+            continue
+        cells = []
+        for key in ("router_decisions", "sim_decisions"):
+            total = {o: sum((r.get(key) or {}).get(o, 0) for r in runs) for o in outcomes}
+            n = sum(total.values())
+            cells.append(" / ".join(f"{100 * total[o] / n:.0f}" if n else "-" for o in outcomes))
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    if not rows:
+        return []
+    return ["### How the vLLM Router placed requests (whole run, % of placements over seeds)", "",
+            "prefix hit / prefix miss / missing tokens (an engine did not tokenize the prompt within the router's "
+            "1 s: least loaded) / load imbalance. The simulator's mimic takes each run's measured missing-tokens "
+            "share as an input.", "",
+            "| Router | real | simulator |", "|---|---|---|", *rows, ""]
+
+
 def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float,
                     warmup_minutes: float = 0.0) -> str:
     """The table over seeds, per measurement window (:func:`windows`): each router's change
@@ -304,6 +363,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     for real_key, sim_key, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
         lines += [f"## Window: {title}", ""]
         per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sim_key, lines)
+    lines += _decisions_section(per_seed, order)
     lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
              "|---|---|---|---|---|---|"]
@@ -603,6 +663,13 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                     res = replay(router.url, served, traces[seed], MIXTURE, run.ceiling, args.minutes * 60, text,
                                  urls, progress=progress, router_state=run.impl == "ours",
                                  warmup_s=args.warmup_minutes * 60)
+                    decisions = None
+                    if run.impl == "vllm" and router.metrics_url:
+                        try:
+                            decisions = router_decisions(asyncio.run(_fetch_text(f"{router.metrics_url}/metrics")))
+                        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                            print(f"seed {seed} {run.label}: its /metrics did not answer ({e!r}); "
+                                  "the simulator assumes every prompt was tokenized", file=sys.stderr)
                 finally:
                     bar.close()
                     router.stop()
@@ -614,6 +681,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 (run_dir / "errors.txt").write_text("\n".join(res.errors))
                 results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
                                 "sweep": run.sweep, "real": res.summary, "real_after_warmup": res.after_warmup,
+                                "router_decisions": decisions,
                                 "errors": res.errors,
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
@@ -645,9 +713,12 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
         cfg = SimConfig(instances=instances, engine=sim_cfg, cost=cost, mixture=dict(MIXTURE), ceiling=run.ceiling,
                         signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
                         context_limit_tokens=max_model_len, warmup_frac=0.0, horizon_s=minutes * 60, seed=seed)
-        r["sim"] = Simulation(cfg, trace, run.sim_policy()).run().summary
+        share = missing_tokens_share(r.get("router_decisions"))
+        policy = run.sim_policy(share)
+        r["sim"] = Simulation(cfg, trace, policy).run().summary
+        r["sim_decisions"] = dict(getattr(policy, "decisions", {}))
         r["sim_after_warmup"] = (Simulation(dataclasses.replace(cfg, warmup_s=warmup_minutes * 60), trace,
-                                            run.sim_policy()).run().summary if warmup_minutes > 0 else None)
+                                            run.sim_policy(share)).run().summary if warmup_minutes > 0 else None)
 
 
 def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None:

