@@ -634,9 +634,12 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
         urls = pool.urls
         info = asyncio.run(_engine_info(urls))
         print(f"engines: {info}; calibrating the step-cost profile ...", file=sys.stderr)
-        samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens),
-                                       kv_blocks=info["num_blocks"], block_size=info["block_size"],
-                                       max_num_seqs=int(ecfg.max_num_seqs))
+        try:
+            samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens),
+                                           kv_blocks=info["num_blocks"], block_size=info["block_size"],
+                                           max_num_seqs=int(ecfg.max_num_seqs))
+        except RuntimeError as e:  # an engine failed or stopped while it was timed
+            raise EngineError(str(e)) from None
         calibration = {"samples": [dataclasses.asdict(s) for s in samples],
                        "profile": dataclasses.asdict(fit_linear_step_cost(samples)), "engines": info}
         (out / "calibration.json").write_text(json.dumps(calibration, indent=1))

@@ -46,10 +46,13 @@ async def _timed_completion(http: aiohttp.ClientSession, url: str, model: str, p
     t0 = time.perf_counter()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0.0}
-    async with http.post(f"{url}/v1/completions", json=body) as r:
-        text = await r.text()
-        if r.status != 200:
-            raise RuntimeError(f"calibration request to {url} failed: HTTP {r.status}: {text[:200]}")
+    try:
+        async with http.post(f"{url}/v1/completions", json=body) as r:
+            text = await r.text()
+            if r.status != 200:
+                raise RuntimeError(f"calibration request to {url} failed: HTTP {r.status}: {text[:200]}")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise RuntimeError(f"calibration request to {url} failed: {e!r} (did the engine stop? see its log)") from None
     return time.perf_counter() - t0
 
 
@@ -136,7 +139,7 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
         cached-prefix prefill.
 
     Raises:
-        RuntimeError: an engine answered with an error.
+        RuntimeError: an engine answered with an error or could not be reached.
         ValueError: no decode shape fits the engines.
     """
     shapes = fitting_shapes(decode_shapes, decode_tokens, kv_blocks, block_size, max_num_seqs)

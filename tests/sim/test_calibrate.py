@@ -18,3 +18,15 @@ def test_shapes_that_do_not_fit_the_engines_are_skipped():
 def test_no_fitting_shape_is_a_clear_error():
     with pytest.raises(ValueError, match="no decode shape"):
         measure_step_samples(["http://127.0.0.1:9"], "m", None, decode_shapes=((100, 64),), max_num_seqs=8)
+
+
+def test_an_engine_that_does_not_answer_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"calibration request to http://127\.0\.0\.1:9 failed: .*did the engine stop"):
+        measure_step_samples(["http://127.0.0.1:9"], "m", _Words(), decode_shapes=((1, 4),), repeats=1)
+
+
+class _Words:
+    """A stand-in for router.replay.WordText: n words."""
+
+    def text(self, key: str, n: int) -> str:
+        return " w" * n
