@@ -340,7 +340,7 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
     if not rows:
         return []
     return ["### How the vLLM Router placed requests (whole run, % of placements over seeds)", "",
-            "prefix hit / prefix miss / missing tokens (an engine did not tokenize the prompt within the router's "
+            "prefix hit / prefix miss / missing tokens (an engine did not return the prompt's tokens, refused or not within the router's "
             "1 s: least loaded) / load imbalance. The simulator's mimic takes each run's measured missing-tokens "
             "share as an input.", "",
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
