@@ -8,11 +8,14 @@ it is here. ``match_rule`` picks between the two selection paths that release ha
 ``per_worker`` (default; the HTTP router's path for cache_aware, ``select_prepared``):
 
 1. The router asks every worker to tokenize the prompt (``/v1/completions/render``, else
-   ``/tokenize``; one second for all) and keys the tree by the token ids. If any healthy
-   worker gave no tokens, the request goes to the least-loaded worker
-   (``missing_tokens``). The simulator has the tokens (its synthesised text stands for
-   them); ``missing_tokens_share`` of requests take that branch at random (default 0:
-   not measured yet).
+   ``/tokenize`` but only when render is absent; one second for all) and keys the tree by
+   the token ids. If any healthy worker gave no tokens, the request goes to the
+   least-loaded worker (``missing_tokens``). vLLM refuses render (403) unless started
+   with ``--enable-scale-out``, so with vLLM's defaults *every* request takes that branch
+   (measured by ``bench.router_real`` from the router's own counters). The simulator has
+   the tokens (its synthesised text stands for them); ``missing_tokens_share`` of requests
+   take the branch at random (default 0, the engines started with scale-out;
+   ``bench.router_real`` passes each run's measured share).
 2. **Load** is in-flight requests per *healthy* worker. **Imbalance**: ``(max - min) >
    balance_abs_threshold`` AND ``max > min * balance_rel_threshold``.
 3. Each healthy worker's own match: how far the text goes into the tree along nodes that
@@ -132,32 +135,34 @@ class VllmRouterPolicy:
         if not healthy:
             self.stats.holds += 1
             return Hold(self.config.no_healthy_recheck_s, reason="no healthy instance")
-        if self.config.match_rule == "per_worker":
-            chosen, decision = self._per_worker(request.prompt_text, healthy)
-            if request.prompt_text:
-                self.tree.insert(request.prompt_text, chosen.instance)
-            self.decisions[decision] = self.decisions.get(decision, 0) + 1
-            self.stats.admits += 1
-            return Admit(chosen.instance, reason=decision)
-        cfg = self.config
-        loads = [v.in_flight for v in view.instances]  # every worker, as cache_aware.rs
-        max_load, min_load = max(loads), min(loads)
-        session_keyed = cfg.session_affinity and bool(request.session_id)
         text = request.prompt_text
-        if max_load - min_load > cfg.balance_abs_threshold and max_load > min_load * cfg.balance_rel_threshold:
-            chosen, decision = least_loaded(healthy), "load_balance"
-        elif session_keyed:
-            chosen, decision = self._by_session(request.session_id, text, healthy)
+        if self.config.match_rule == "per_worker":
+            chosen, decision = self._per_worker(text, healthy)
         else:
-            chosen, decision = self._probe(text, healthy, "cache_affinity", "low_match_min_load",
-                                           "first_healthy_fallback")
-        if session_keyed:
-            self.sessions[request.session_id] = (chosen.instance, now)
+            chosen, decision = self._tree_owner(request, view, healthy, now)
         if text:
             self.tree.insert(text, chosen.instance)
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
         self.stats.admits += 1
         return Admit(chosen.instance, reason=decision)
+
+    def _tree_owner(self, request: Request, view: ClusterView, healthy: tuple[InstanceView, ...],
+                    now: float) -> tuple[InstanceView, str]:
+        """The legacy path: imbalance over every worker, the session's worker, or the tree's owner."""
+        cfg = self.config
+        loads = [v.in_flight for v in view.instances]  # every worker, as cache_aware.rs
+        max_load, min_load = max(loads), min(loads)
+        session_keyed = cfg.session_affinity and bool(request.session_id)
+        if max_load - min_load > cfg.balance_abs_threshold and max_load > min_load * cfg.balance_rel_threshold:
+            chosen, decision = least_loaded(healthy), "load_balance"
+        elif session_keyed:
+            chosen, decision = self._by_session(request.session_id, request.prompt_text, healthy)
+        else:
+            chosen, decision = self._probe(request.prompt_text, healthy, "cache_affinity", "low_match_min_load",
+                                           "first_healthy_fallback")
+        if session_keyed:
+            self.sessions[request.session_id] = (chosen.instance, now)
+        return chosen, decision
 
     def _per_worker(self, text: str, healthy: tuple[InstanceView, ...]) -> tuple[InstanceView, str]:
         """0.1.17's ``select_prepared``: each healthy worker's own match rate; the least-loaded
