@@ -38,11 +38,13 @@ class Trainer:
 
     Args:
         sessions: the trace's sessions (one per unit).
-        mixture: target rho per class (normalised here); classes absent from it are not released.
+        mixture: target rho per class (normalised here); a class of share 0 is not released, and
+            every class of ``sessions`` must be named.
         ceiling: most units in flight (the outer rollout concurrency).
 
     Raises:
-        SimError: ceiling < 1, a mixture class with no sessions, or negative shares.
+        SimError: ceiling < 1, a mixture class with no sessions, a session class the mixture
+            does not name, or negative shares.
     """
 
     sessions: list[TraceSession]
@@ -61,13 +63,19 @@ class Trainer:
         if total <= 0 or any(v < 0 for v in self.mixture.values()):
             raise SimError(f"target mixture must be non-negative shares with a positive sum, got {self.mixture}")
         self.rho = {b: v / total for b, v in self.mixture.items() if v > 0}
+        unnamed = sorted({s.workload_class for s in self.sessions} - set(self.mixture))
+        if unnamed:
+            raise SimError(f"the trace has sessions of class {', '.join(map(repr, unnamed))}, which the target "
+                           f"mixture {dict(self.mixture)} does not name; give each a share (e.g. "
+                           f"mixture.{unnamed[0]}=10) or 0 to leave its sessions out")
         groups: dict[str, dict[str, list[TraceSession]]] = {b: {} for b in self.rho}
         for s in self.sessions:
             if s.workload_class in groups:
                 groups[s.workload_class].setdefault(s.group_id or s.session_id, []).append(s)
         for b, g in groups.items():
             if not g:
-                raise SimError(f"target mixture names class {b!r} but the trace has no {b!r} sessions")
+                raise SimError(f"target mixture names class {b!r} but the trace has no {b!r} sessions; "
+                               f"give mixture.{b}=0 to leave the class out")
         self._pool = {b: deque(g.values()) for b, g in groups.items()}
         self.released = dict.fromkeys(self.rho, 0)
         self.completed = dict.fromkeys(self.rho, 0)

@@ -56,6 +56,18 @@ def test_malformed_trace_is_reported_before_the_run(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+def test_a_trace_class_the_mixture_does_not_name_is_refused_not_dropped(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        f'{{"session_id": "{c}1", "workload_class": "{c}", "turn": 0, "prompt_tokens": 100, "output_tokens": 10}}\n'
+        for c in ("agent", "bogus", "rlvr", "rlhf")))
+    p = run_cli("experiment=run", f"trace={trace}", "workers=1", "seeds=[0]", tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "class 'bogus'" in lines[0] and "mixture.bogus=10" in lines[0]
+    assert "Traceback" not in p.stderr
+
+
 def test_table5_reports_every_baseline_the_composition_and_ends_with_the_headline(tmp_path):
     # 13 tiny runs: ~25 s on an idle core; the limit is for a loaded machine
     p = run_cli("experiment=table5", "seeds=[0]", "scale=0.05", "workers=1", "sim.sweep_ceilings=[64,128]",

@@ -48,5 +48,13 @@ def test_stops_releasing_when_a_class_pool_runs_dry():
 
 
 def test_a_mixture_class_without_sessions_is_an_error():
-    with pytest.raises(SimError, match="no 'c' sessions"):
+    with pytest.raises(SimError, match="no 'c' sessions; give mixture.c=0"):
         Trainer(pool("a", 1, 1), {"a": 1, "c": 1}, ceiling=4)
+
+
+def test_a_session_class_the_mixture_does_not_name_is_an_error_not_dropped():
+    with pytest.raises(SimError, match=r"class 'b', which the target mixture .* does not name; .*mixture.b=10"):
+        Trainer(pool("a", 1, 1) + pool("b", 1, 1), {"a": 1}, ceiling=4)
+    t = Trainer(pool("a", 2, 1) + pool("b", 2, 1), {"a": 1, "b": 0}, ceiling=4)  # share 0: left out, on purpose
+    t.release(0.0)
+    assert t.released == {"a": 2}
