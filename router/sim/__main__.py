@@ -171,7 +171,7 @@ class Experiment:
 
     def _title(self) -> str:
         cfg = self.cfg
-        return (f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seeds, "
+        return (f"{self.cluster.name}, scale {cfg.scale}, {len(self.seeds)} seed{'s' if len(self.seeds) != 1 else ''}, "
                 f"ceilings {cfg.ceiling_scope.replace('_', ' ')}")
 
     def write_partial(self, why: str) -> str:
@@ -502,6 +502,9 @@ def main(cfg: DictConfig) -> None:
         if cfg.experiment not in EXPERIMENTS:
             raise SimUnknownNameError(f"experiment={cfg.experiment}: unknown experiment {cfg.experiment!r}; "
                                       f"choose one of: {', '.join(EXPERIMENTS)}")
+        if cfg.shapes and cfg.experiment != "table5":
+            raise SimError(f"shapes={list(cfg.shapes)}: only experiment=table5 runs several model shapes; "
+                           f"for experiment={cfg.experiment} choose one with sim=<name> (e.g. sim=qwen3.6-like)")
         out = HydraConfig.get().runtime.output_dir
         os.makedirs(out, exist_ok=True)
         experiment = Experiment(cfg, out)

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
     (["scale=big"], 2, "scale='big' is invalid: give a fraction of the paper-sized system in (0, 4]"),
     (["experiment=run", "run.ceiling=-3"], 2, "run.ceiling=-3 is invalid: give a whole number of units >= 1"),
     (["shapes=[step9]"], 2, "shapes: no model shape 'step9' (recipes/sim/step9.yaml); choose from: qwen3.6-like"),
+    (["experiment=run", "shapes=[qwen3.6-like]"], 2, "only experiment=table5 runs several model shapes; for "
+     "experiment=run choose one with sim=<name>"),
     (["seeds=[0,-1]"], 2, "seeds=[0, -1] is invalid: give a non-empty list of whole numbers >= 0"),
     (["ceiling_scope=each"], 2, "ceiling_scope='each' is invalid: give total or per_instance"),
     (["prompt_text.chars_per_token=0"], 2, "prompt_text.chars_per_token=0 is invalid: give characters per token > 0"),
