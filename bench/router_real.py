@@ -557,6 +557,9 @@ def main() -> None:
                              "current simulator (its real figures, trace and measured steps are kept)")
     args = parser.parse_args()
     if args.resimulate is not None:
+        if not args.resimulate.is_dir():
+            raise usage_error(f"--resimulate {args.resimulate}: no such folder; give the folder of a finished "
+                              "python -m bench.router_real run (runs/bench/router-real-<time>)")
         seed_dirs = sorted(p for p in args.resimulate.glob("seed-*") if p.is_dir())
         per_seed, minutes, warmup = [], 0.0, 0.0
         for d in seed_dirs or [args.resimulate]:

@@ -142,7 +142,11 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
 
     bad = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert bad.returncode == 2 and "error: --resimulate" in bad.stderr and "no results.json there" in bad.stderr
+    assert bad.returncode == 2 and "error: --resimulate" in bad.stderr and "no such folder" in bad.stderr
+    (tmp_path / "empty").mkdir()
+    empty = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "empty")],
+                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert empty.returncode == 2 and "no results.json there" in empty.stderr and "Traceback" not in empty.stderr
     md = (tmp_path / "table.md").read_text().split("## Simulator vs real")[1].split("\n", 1)[1].strip().splitlines()
     assert len({line.count("|") for line in md}) == 1  # header, separator and rows have the same cells
     assert "Traceback" not in bad.stderr
