@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from common.config import usage_error
 from router.policies import POLICY_NAMES, make_policy
 from router.policies.base import (
     BlocksStored,
@@ -161,7 +162,8 @@ def memory_child() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.router_decision", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--decisions", type=int, default=4000, help="timed decide() calls per policy")
+    parser.add_argument("--decisions", type=int, default=4000,
+                        help="timed decide() calls per policy, at least 2 (new sessions and continuations alternate)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, default=Path("runs/bench/router_decision.png"))
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
@@ -169,6 +171,7 @@ def main() -> None:
     if args.memory_child:
         memory_child()
         return
+    _check_args(args)
     console = Console(width=150)
     results = {}
     for name in tqdm(POLICY_NAMES, desc="policies", file=sys.stderr):
@@ -205,6 +208,16 @@ def main() -> None:
     console.print(mem_table)
     plot(results, args.plot)
     console.print(f"plot: {args.plot}")
+
+
+def _check_args(args) -> None:
+    """Refuse values no run can use, naming the option (SystemExit 2, before anything runs)."""
+    if args.decisions < 2:
+        raise usage_error(f"--decisions must be at least 2 (the timed calls alternate new sessions and "
+                          f"continuations, and each kind needs one), got {args.decisions}")
+    if args.plot.is_dir():
+        raise usage_error(f"--plot {args.plot} is a folder; give the chart's file name, "
+                          f"e.g. {args.plot / 'router_decision.png'}")
 
 
 def plot(results: dict[str, dict[str, list[float]]], path: Path) -> None:

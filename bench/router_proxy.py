@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
@@ -36,10 +37,11 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import RECIPES_DIR
-from common.process import ManagedProcess, free_port
+from common.config import EXIT_FAILURE, RECIPES_DIR, usage_error
+from common.process import ManagedProcess, ProcessStartError, free_port
+from rollout.serve import stop_on_sigterm
 from router.launch import REPO_ROOT, start_router
-from router.policies import registered_policy_names
+from router.policies import RouterConfigError, registered_policy_names
 
 
 @dataclass
@@ -96,22 +98,51 @@ async def throughput_rps(url: str, n_requests: int, concurrency: int, label: str
     return n_requests / elapsed
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse values no run can use, naming the option (SystemExit 2, before anything starts)."""
+    if args.requests < 2:
+        raise usage_error(f"--requests must be at least 2 (the latency percentiles need 2 requests per "
+                          f"target), got {args.requests}")
+    if args.concurrency < 1:
+        raise usage_error(f"--concurrency must be a positive integer, got {args.concurrency}")
+    if not (math.isfinite(args.delay_ms) and args.delay_ms >= 0):
+        raise usage_error(f"--delay-ms must be a number >= 0, got {args.delay_ms}")
+    if args.plot.is_dir():
+        raise usage_error(f"--plot {args.plot} is a folder; give the chart's file name, "
+                          f"e.g. {args.plot / 'router_proxy.png'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.router_proxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=400, help="requests per phase and target")
+    parser.add_argument("--requests", type=int, default=400, help="requests per phase and target (at least 2)")
     parser.add_argument("--concurrency", type=int, default=32, help="concurrency of the throughput phase")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="fake engine latency")
     parser.add_argument("--plot", type=Path, default=Path("runs/bench/router_proxy.png"))
     args = parser.parse_args()
+    _check_args(args)
+    stop_on_sigterm()  # SIGTERM -> SystemExit: the processes are stopped and the log folder removed
+    try:
+        # The processes' logs; removed on every way out (a failure's message holds the log's last lines).
+        with tempfile.TemporaryDirectory(prefix="router-proxy-") as log_dir:
+            results = measure(args, Path(log_dir))
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or SIGTERM via stop_on_sigterm
+        print("interrupted; every process started was stopped", file=sys.stderr)
+        raise SystemExit(e.code if isinstance(e, SystemExit) else 130) from None
+    except (ProcessStartError, RouterConfigError, RuntimeError, aiohttp.ClientError, OSError) as e:
+        print(f"bench.router_proxy failed: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_FAILURE) from None
+    report(results, args)
 
-    log_dir = Path(tempfile.mkdtemp(prefix="router-proxy-"))
+
+def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Phase]:
+    """Start the fake engine, the relay and the routers (logs in ``log_dir``), run both
+    phases against every target, stop them all, and return each target's figures."""
     port = free_port()
     engine = ManagedProcess(
         "fake-engine", [sys.executable, "-m", "tests.router.fake_engine", "--port", str(port), "--delay-ms",
                         str(args.delay_ms)], log_dir / "engine.log", health_url=f"http://127.0.0.1:{port}/health",
         cwd=REPO_ROOT,
-    ).start()
-    engine.wait_healthy(30, poll_s=0.2)
+    )
     engine_url = f"http://127.0.0.1:{port}"
     routers: dict[str, dict] = {}
     for policy in ("misa_t", "round_robin"):
@@ -127,8 +158,11 @@ def main() -> None:
         "tcp-relay", [sys.executable, "-m", "bench.tcp_relay", "--port", str(relay_port), "--target",
                       f"127.0.0.1:{port}"], log_dir / "relay.log", health_url=f"http://127.0.0.1:{relay_port}/health",
         cwd=REPO_ROOT,
-    ).start()
+    )
     try:
+        engine.start()
+        engine.wait_healthy(30, poll_s=0.2)
+        relay.start()
         relay.wait_healthy(30, poll_s=0.2)
         urls = {"direct": engine_url, "tcp-relay (floor)": f"http://127.0.0.1:{relay_port}"}
         for name, cfg in routers.items():
@@ -144,7 +178,7 @@ def main() -> None:
             handle.stop()
         relay.stop()
         engine.stop()
-    report({name: (Phase(serial[name], loaded[name])) for name in urls}, args)
+    return {name: Phase(serial[name], loaded[name]) for name in urls}
 
 
 def report(results: dict[str, Phase], args: argparse.Namespace) -> None:

@@ -224,10 +224,17 @@ def report(results: list[dict]) -> None:
               "equal to DCP's full state dict")
 
 
-def parse_args(argv=None, device: str = "cpu"):
-    ap = argparse.ArgumentParser(prog="python -m bench.sharded_learner", description=__doc__.splitlines()[0])
+def parse_args(argv=None, device: str | None = None, prog: str = "python -m bench.sharded_learner",
+               description: str | None = None):
+    """The options; ``device`` None offers ``--device`` (default cpu), a device name fixes it
+    (no option: ``bench/sharded_learner_gpu.py`` runs on cuda only). ``prog`` and
+    ``description`` name the command in ``--help``."""
+    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--device", default=device, choices=["cpu", "cuda"])
+    if device is None:
+        ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    else:
+        ap.set_defaults(device=device)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=4096)
@@ -241,8 +248,10 @@ def parse_args(argv=None, device: str = "cpu"):
     return ap.parse_args(argv)
 
 
-def main(device: str = "cpu") -> int:
-    args = parse_args(device=device)
+def main(device: str | None = None, prog: str = "python -m bench.sharded_learner",
+         description: str | None = None) -> int:
+    """Run the benchmark; ``device``, ``prog``, ``description``: as in :func:`parse_args`."""
+    args = parse_args(device=device, prog=prog, description=description)
     if args.rank_of_run:
         return rank_main(args)
     report([measure(args, n) for n in args.ranks])

@@ -5,7 +5,8 @@ in bf16 over NCCL. Under 10 minutes on one H200.
 
     python -m bench.sharded_learner_gpu [--layers 8 --hidden 1024 --vocab 32000 ...]
 
-The options are ``bench/sharded_learner.py``'s; the defaults here are a ~0.2B model.
+The options are ``bench/sharded_learner.py``'s but ``--device`` (always cuda here); the
+defaults here are a ~0.2B model.
 """
 
 from __future__ import annotations
@@ -27,4 +28,5 @@ if __name__ == "__main__":
     for flag, value in defaults.items():
         if flag not in sys.argv:
             sys.argv += [flag, *([value] if isinstance(value, str) else value)]
-    sys.exit(main(device="cuda"))
+    sys.exit(main(device="cuda", prog="python -m bench.sharded_learner_gpu",
+                  description=__doc__.split("\n\n")[0].replace("\n", " ")))

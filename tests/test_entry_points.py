@@ -6,6 +6,7 @@ ran in (no empty run folder). A failure at run time exits 1, Ctrl-C 130, SIGTERM
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -27,16 +28,17 @@ HYDRA_ENTRY_POINTS = {
     "router.sim": ["scale=big"],
     "rollout.serve": ["engine.num_engines=0"],
     "agents.server": ["port=http"],
+    "agents.envs.build": ["num_tasks=-1"],
 }
 BENCHMARKS = ["bench.agent_episodes", "bench.engine_throughput", "bench.grpo_step", "bench.router_decision",
               "bench.router_proxy", "bench.router_real", "bench.sim_speed"]
 
 
-def _run_in(folder, module: str, *args: str) -> subprocess.CompletedProcess:
+def _run_in(folder, module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m module args`` with ``folder`` as its working directory (so a run folder
-    it makes, relative by default, lands there)."""
+    it makes, relative by default, lands there); ``env``: more environment variables."""
     return subprocess.run([sys.executable, "-m", module, *args], cwd=folder, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=180)
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=180)
 
 
 def _assert_refused(r: subprocess.CompletedProcess, folder) -> None:
@@ -68,6 +70,146 @@ def test_benchmark_refuses_a_bad_value_with_exit_2_and_one_line(tmp_path):
     r = _run_in(tmp_path, "bench.router_real", "--minutes", "-1")
     assert r.returncode == EXIT_USAGE
     assert r.stderr == "error: --minutes must be a positive number, got -1.0\n"
+
+
+# A benchmark value no run can use: refused before anything starts, the option named.
+BENCHMARK_BAD_VALUES = [
+    ("bench.sim_speed", ["nope"], "error: unknown policy 'nope'; valid: aimd, cache_aware, "),
+    ("bench.sim_speed", ["--ceiling", "0", "nope"], "error: --ceiling must be a positive integer"),
+    ("bench.sim_speed", ["round_robin", "--ceiling", "-3"], "error: --ceiling must be a positive integer"),
+    ("bench.router_decision", ["--decisions", "0"], "error: --decisions must be at least 2 "),
+    ("bench.router_decision", ["--decisions", "-5"], "error: --decisions must be at least 2 "),
+    ("bench.router_decision", ["--plot", "."], "error: --plot . is a folder"),
+    ("bench.router_proxy", ["--requests", "0"], "error: --requests must be at least 2 (the latency percentiles"),
+    ("bench.router_proxy", ["--requests", "1"], "error: --requests must be at least 2 (the latency percentiles"),
+    ("bench.router_proxy", ["--concurrency", "0"], "error: --concurrency must be a positive integer"),
+    ("bench.router_proxy", ["--delay-ms", "-1"], "error: --delay-ms must be a number >= 0"),
+]
+
+
+@pytest.mark.parametrize(("module", "args", "start"), BENCHMARK_BAD_VALUES)
+def test_benchmark_refuses_a_value_no_run_can_use_with_exit_2_and_one_line(module, args, start, tmp_path):
+    # TMPDIR is the (empty) folder it runs in: a temp folder it made and left would show there
+    r = _run_in(tmp_path, module, *args, env={"TMPDIR": str(tmp_path)})
+    _assert_refused(r, tmp_path)
+    assert r.stderr.startswith(start), r.stderr
+    assert r.stdout == ""
+
+
+def _exits_without_a_result(policy, ceiling, queue):
+    os._exit(3)
+
+
+def _killed(policy, ceiling, queue):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(600)  # a parent that waits forever fails here instead of holding the session
+@pytest.mark.parametrize(("policy", "target", "expect"), [
+    ("nope", None, "policy nope: UnknownOptionError: unknown router policy 'nope'; choose one of: "),
+    ("round_robin", _exits_without_a_result, "policy round_robin: its process exited with code 3 without a result"),
+    ("round_robin", _killed, "policy round_robin: its process was killed by signal 9 without a result"),
+])
+def test_sim_speed_a_child_that_fails_ends_the_wait_with_its_reason(policy, target, expect):
+    import multiprocessing as mp
+
+    from bench.sim_speed import ChildFailed, _one, run_in_child
+
+    with pytest.raises(ChildFailed) as e:  # the child's own policy check: the name was not checked up front
+        run_in_child(mp.get_context("spawn"), policy, 128, target=target or _one, poll_s=0.2)
+    assert str(e.value).startswith(expect), e.value
+    assert "\n" not in str(e.value)
+
+
+def _reports_and_exits(policy, ceiling, queue):
+    queue.put({"policy": policy, "ceiling": ceiling})
+
+
+@pytest.mark.timeout(600)
+def test_sim_speed_the_row_a_child_put_before_it_exited_is_returned():
+    import multiprocessing as mp
+
+    from bench.sim_speed import run_in_child
+
+    row = run_in_child(mp.get_context("spawn"), "misa_t", 512, target=_reports_and_exits, poll_s=0.2)
+    assert row == {"policy": "misa_t", "ceiling": 512}
+
+
+def test_sim_speed_a_failed_policy_is_one_line_and_exit_1_after_the_finished_rows(monkeypatch, capsys):
+    import bench.sim_speed as sim_speed
+
+    row = {"policy": "round_robin", "ceiling": 128, "gen_s": 1.0, "sim_s": 2.0, "cpu_s": 2.0, "peak_mib": 100.0,
+           "requests": 10, "events": 20, "decides": 10}
+
+    def run_in_child(ctx, policy, ceiling):
+        if policy == "round_robin":
+            return row
+        raise sim_speed.ChildFailed(f"policy {policy}: its process was killed by signal 9 without a result")
+
+    monkeypatch.setattr(sim_speed, "run_in_child", run_in_child)
+    monkeypatch.setattr(sys, "argv", ["bench.sim_speed", "round_robin", "misa-t", "cache_aware"])
+    with pytest.raises(SystemExit) as e:
+        sim_speed.main()
+    assert e.value.code == EXIT_FAILURE
+    out, err = capsys.readouterr()
+    assert err == "bench.sim_speed failed: policy misa_t: its process was killed by signal 9 without a result\n"
+    assert [line.split()[0] for line in out.splitlines()] == ["policy", "round_robin"]
+
+
+def test_router_proxy_a_failure_stops_what_it_started_and_removes_its_temp_folder(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    import bench.router_proxy as router_proxy
+    from common.process import ProcessStartError
+
+    stopped = []
+
+    class EngineThatDies:
+        def __init__(self, name, argv, log_path, **kwargs):
+            self.name, self.log_path = name, log_path
+
+        def start(self):
+            self.log_path.write_text("started\n")  # into the benchmark's temp folder
+            return self
+
+        def wait_healthy(self, *args, **kwargs):
+            raise ProcessStartError(f"{self.name} exited with code 1 while starting")
+
+        def stop(self):
+            stopped.append(self.name)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(router_proxy, "ManagedProcess", EngineThatDies)
+    monkeypatch.setattr(router_proxy, "stop_on_sigterm", lambda: None)  # not this test process's handler
+    monkeypatch.setattr(sys, "argv", ["bench.router_proxy", "--requests", "2", "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit) as e:
+        router_proxy.main()
+    assert e.value.code == EXIT_FAILURE
+    assert capsys.readouterr().err == "bench.router_proxy failed: fake-engine exited with code 1 while starting\n"
+    assert sorted(stopped) == ["fake-engine", "tcp-relay"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the router-proxy-* folder is gone
+
+
+def test_sharded_learner_gpu_help_names_itself_and_offers_no_device_option(tmp_path):
+    r = _run_in(tmp_path, "bench.sharded_learner_gpu", "--help")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("usage: python -m bench.sharded_learner_gpu ")
+    assert "--device" not in r.stdout and "--layers" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_sharded_learner_parser_offers_device_only_where_it_is_not_fixed(capsys):
+    from bench.sharded_learner import parse_args
+
+    assert parse_args([]).device == "cpu"
+    assert parse_args(["--device", "cuda"]).device == "cuda"
+    gpu = dict(device="cuda", prog="python -m bench.sharded_learner_gpu")
+    assert parse_args(["--layers", "8"], **gpu).device == "cuda"
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--device", "cpu"], **gpu)
+    assert e.value.code == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m bench.sharded_learner_gpu: error: unrecognized arguments: --device cpu")
 
 
 @pytest.mark.parametrize(("module", "args"), [
