@@ -98,6 +98,40 @@ def agent_task_sets_override(task_sets) -> str:
     return f"extra_tasks_paths=[{','.join(entries)}]"
 
 
+def check_tasks_path(tasks_path) -> None:
+    """Refuse an ``agents.tasks_path`` the agent server could not load, before anything
+    starts: it must be null, a built-in set name or a task file (JSONL, read from the
+    repository root when relative) that ``agents.envs.task.load_tasks`` reads and that holds
+    at least one task.
+
+    Raises:
+        ConfigError: the message says how to build a task file.
+    """
+    from agents.envs.task import TaskError, load_tasks
+    from agents.server import BUILTIN_TASK_SETS
+
+    if tasks_path is None or str(tasks_path) in BUILTIN_TASK_SETS:
+        return
+    path = repo_path(tasks_path)
+    given = f"agents.tasks_path={tasks_path}"
+    build = ("Build tasks with `python -m agents.envs.build` (it writes ~/.cache/misa-rl/tasks/tasks.jsonl) "
+             "and give that file, or set agents.tasks_path=null and train on agents.task_sets "
+             f"(built-in sets: {', '.join(BUILTIN_TASK_SETS)}).")
+    if not path.is_file():
+        what = "is a folder, not a task file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"{given}: {path} {what}. {build}")
+    try:
+        tasks = load_tasks(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{given}: cannot read {path} ({e}). {build}") from None
+    except TaskError as e:  # a line that is not JSON, a field missing
+        raise ConfigError(f"{given}: {path} is not a task file: {e} {build}") from None
+    except (AttributeError, KeyError, TypeError):  # a JSON line that is not a task object
+        raise ConfigError(f"{given}: {path} is not a task file (a line is not a task object). {build}") from None
+    if not tasks:
+        raise ConfigError(f"{given}: {path} holds no tasks. {build}")
+
+
 async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, reward_cfg: dict,
                 run_dir: Path, console: Console, group=None) -> list[dict]:
     """Build the trainer's parts around a running stack and train; returns the metrics.
@@ -300,7 +334,8 @@ def use_trainer_gpus(placement) -> None:
 
 def validate_job_cfg(cfg: DictConfig):
     """Everything about the composed config that can be checked before engines start:
-    ``seed``, ``model.path`` given where the recipe requires it, the ``trainer``, ``engine`` and
+    ``seed``, ``model.path`` given where the recipe requires it, the agent task files
+    (``agents.tasks_path``, ``agents.task_sets``), the ``trainer``, ``engine`` and
     ``router`` groups (``router.launch.check_router_cfg``), the GPU placement, and that the
     weight sync fits the engines.
 
@@ -321,6 +356,7 @@ def validate_job_cfg(cfg: DictConfig):
     check_values(cfg, {"seed": SEED_RULE, "agents.tool_listing": TOOL_LISTING_RULE})
     check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
+    check_tasks_path(cfg.agents.get("tasks_path"))
     agent_task_sets_override(cfg.agents.get("task_sets") or [])
     check_learner_ranks(cfg)
     validate_engine_cfg(cfg.engine)

@@ -27,6 +27,50 @@ def test_an_unknown_task_set_is_refused_before_anything_starts():
         validate_job_cfg(cfg)
 
 
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "does not exist"),
+    ("", "holds no tasks"),
+    ("not json\n", "is not a task file"),
+    ('{"instance_id": "x"}\n', "is not a task file"),
+    ("[1, 2]\n", "is not a task file"),
+])
+def test_a_tasks_path_the_agent_server_cannot_load_is_refused_before_anything_starts(content, says, tmp_path):
+    from rl.train import validate_job_cfg
+
+    tasks = tmp_path / "tasks.jsonl"
+    if content is not None:
+        tasks.write_text(content)
+    cfg = compose("train", ["run_dir=runs/test", f"agents.tasks_path={tasks}"])
+    with pytest.raises(ConfigError, match=f"agents.tasks_path={tasks}: {tasks} {says}.*python -m agents.envs.build"):
+        validate_job_cfg(cfg)
+
+
+def test_train_command_refuses_a_missing_tasks_path_with_one_line_and_leaves_no_run_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import GSM8K_TINY_OVERRIDE, TESTS_DIR
+
+    missing = tmp_path / "nonexistent.jsonl"
+    r = subprocess.run([sys.executable, "-m", "rl.train", f"agents.tasks_path={missing}", GSM8K_TINY_OVERRIDE],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(TESTS_DIR.parent)})
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: agents.tasks_path={missing}: {missing} does not exist. "
+                               "Build tasks with `python -m agents.envs.build`"), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr + r.stdout
+    assert list(tmp_path.iterdir()) == []  # no run folder: refused before the engines
+
+
+def test_a_tasks_path_may_name_a_task_file_or_a_built_in_set():
+    from agents.server import HANDMADE_TASKS
+    from rl.train import check_tasks_path
+
+    for ok in (None, "handmade", str(HANDMADE_TASKS)):
+        check_tasks_path(ok)
+
+
 def test_an_unknown_tool_listing_is_refused_before_anything_starts():
     from rl.train import validate_job_cfg
 
