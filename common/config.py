@@ -206,7 +206,7 @@ def config_groups(config_name: str) -> list[str]:
     for entry in defaults:
         if isinstance(entry, (dict, DictConfig)):
             for key in entry:
-                group = str(key).removeprefix("override ").strip().split("@")[0]
+                group = str(key).removeprefix("override ").strip().lstrip("/").split("@")[0]
                 if not group.startswith("hydra/") and group not in groups:
                     groups.append(group)
     return groups
@@ -280,7 +280,8 @@ def print_help(config_name: str, argv: Sequence[str]) -> None:
     composed with the other arguments (``router=round-robin --help`` shows that router's).
     Unlike Hydra's own help it lists only the groups this command uses. A bad override
     exits 2 with one ``error:`` line, as without ``--help``."""
-    first = (RECIPES_DIR / f"{config_name}.yaml").read_text().splitlines()[:1]
+    lines = (RECIPES_DIR / f"{config_name}.yaml").read_text().splitlines()
+    first = [line for line in lines if not re.match(r"#\s*@", line)][:1]  # past a `# @package` header
     cfg = compose_or_exit(config_name, argv)
     out = [first[0].lstrip("#").strip() if first and first[0].startswith("#") else config_name, ""]
     groups = config_groups(config_name)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import random
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -36,6 +38,8 @@ from tqdm import tqdm
 
 from agents.envs.mutate import OPERATORS, Mutation, apply_mutation, enumerate_mutations
 from agents.envs.task import Task, TaskError, evaluate, run_tests, write_tasks
+from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, Rule, check_values, hydra_entry, is_text,
+                           number, or_null, register_user_error)
 from sandbox import IsolationConfig, Limits, SandboxError, Workspace, unified_diff
 
 
@@ -87,7 +91,13 @@ def fetch_project(p: Project, cache_dir: Path) -> Path:
     if not archives:
         cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                f"{p.name}=={p.version}", "-d", str(sdists)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        # pip's own temporary folders go into one of ours, removed also when the build is
+        # stopped (Ctrl-C, SIGTERM), instead of being left in /tmp.
+        pip_tmp = tempfile.mkdtemp(prefix=".pip-tmp-", dir=sdists)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TMPDIR": pip_tmp})
+        finally:
+            shutil.rmtree(pip_tmp, ignore_errors=True)
         archives = list(sdists.glob(f"{p.name.replace('-', '[-_]')}-{p.version}.tar.gz"))
         if r.returncode != 0 or not archives:
             raise BuildError(f"could not download the sdist of {p.name}=={p.version} "
@@ -391,17 +401,68 @@ async def build(cfg: DictConfig) -> dict:
     return report
 
 
-def main() -> None:
-    """Hydra entry point; a user mistake prints one message, no traceback."""
-    import hydra
+_WHOLE = number(whole=True, at_least=1)
 
-    @hydra.main(config_path="../../recipes/agents", config_name="build_tasks", version_base=None)
+# The builder's values (recipes/agents/build_tasks.yaml), checked before any work (a bad one: exit 2).
+VALUE_RULES: dict[str, Rule] = {
+    "out_dir": (is_text, "the folder to write tasks.jsonl and snapshots/ into"),
+    "cache_dir": (is_text, "the folder for downloaded sdists and clean projects"),
+    "work_dir": (or_null(is_text), "a folder for temporary workspaces, or null (the system temp)"),
+    "seed": SEED_RULE,
+    "num_tasks": (_WHOLE, "a whole number of tasks >= 1, e.g. num_tasks=240"),
+    "workers": (_WHOLE, "a whole number of mutants tested at once >= 1, e.g. workers=2"),
+    "min_failing": (_WHOLE, "a whole number >= 1 (a kept mutant fails at least one test)"),
+    "max_failing": (_WHOLE, "a whole number >= min_failing"),
+    "max_relevant_tests": (_WHOLE, "a whole number >= 1"),
+    "extra_same_file_tests": (number(whole=True, at_least=0), "a whole number >= 0"),
+    "max_pass_to_pass": (number(whole=True, at_least=0), "a whole number >= 0"),
+    "max_per_function": (_WHOLE, "a whole number >= 1"),
+    "hint_function": (lambda v: isinstance(v, bool), "true or false"),
+    "mutant_timeout_s": (number(above=0), "seconds > 0"),
+    "verify_tasks": (number(whole=True, at_least=0), "a whole number of tasks >= 0 (0: no check)"),
+    "clean_run_timeout_s": (number(above=0), "seconds > 0"),
+    "test_cmd": (is_text, "the command that runs pytest in a workspace"),
+    "unsafe_no_isolation": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def _is_project(p) -> bool:
+    return (isinstance(p, dict) and is_text(p.get("name")) and is_text(str(p.get("version", "")))
+            and isinstance(p.get("source"), list) and len(p["source"]) > 0 and all(is_text(s) for s in p["source"])
+            and is_text(p.get("tests")) and isinstance(p.get("keep", []), list))
+
+
+PROJECTS_RULE: Rule = (lambda v: isinstance(v, list) and len(v) > 0 and all(_is_project(p) for p in v),
+                       "a non-empty list of {name, version, source: [paths], tests: path, keep: [paths]}")
+
+
+def check_build_cfg(cfg: DictConfig) -> None:
+    """Check the builder's config before any download or test run.
+
+    Raises:
+        ConfigError: ``<key>=<value> is invalid: give <what>.`` for the first bad value.
+    """
+    check_values(cfg, {**VALUE_RULES, "projects": PROJECTS_RULE})
+    if cfg.max_failing < cfg.min_failing:
+        raise ConfigError(f"max_failing={cfg.max_failing} is below min_failing={cfg.min_failing}: "
+                          "give max_failing >= min_failing.")
+
+
+def main() -> None:
+    """Entry point of ``python -m agents.envs.build`` (``common.config.hydra_entry``): an
+    unknown key or a bad value is one ``error:`` line, exit 2, before any work; ``--help``
+    lists the config. A build that fails once started (a download, a project's clean tests,
+    the sandbox) is one ``error:`` line, exit 1."""
+    for error in (BuildError, SandboxError, TaskError):
+        register_user_error(error, exit_code=EXIT_FAILURE)
+
+    @hydra_entry("agents/build_tasks")
     def _main(cfg: DictConfig) -> None:
-        try:
-            report = asyncio.run(build(cfg))
-        except (BuildError, SandboxError, TaskError) as e:
-            print(f"agents.envs.build: {e}", file=sys.stderr)
-            sys.exit(2)
+        from rollout.serve import stop_on_sigterm
+
+        check_build_cfg(cfg)
+        stop_on_sigterm()  # SIGTERM ends the build through the finally blocks (pip's temporary folder removed)
+        report = asyncio.run(build(cfg))
         print(json.dumps(report, indent=2))
         print(f"built {report['num_tasks']} tasks in {report['build_s']} s -> {report['tasks_path']}")
 

@@ -2,6 +2,9 @@
 
 import ast
 import json
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -150,3 +153,45 @@ def test_missing_path_in_sdist_is_a_clear_error(tmp_path):
 def test_quotas_split_evenly():
     assert quotas(240, 3) == [80, 80, 80]
     assert quotas(10, 3) == [4, 3, 3]
+
+
+def _build_command(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m agents.envs.build args`` in ``folder``, its cache and output under
+    ``folder/cache`` (``MISA_RL_CACHE``): a command refused before any work leaves
+    ``folder`` empty."""
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-m", "agents.envs.build", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(repo), "MISA_RL_CACHE": str(folder / "cache")})
+
+
+@pytest.mark.parametrize(("arg", "says"), [
+    ("num_tasks=abc", "num_tasks='abc' is invalid: give a whole number of tasks >= 1"),
+    ("num_tasks=-1", "num_tasks=-1 is invalid: give a whole number of tasks >= 1"),
+    ("workers=0", "workers=0 is invalid: give a whole number of mutants tested at once >= 1"),
+    ("max_failing=0", "max_failing=0 is invalid: give a whole number >= min_failing"),
+    ("projects=[]", "projects=[] is invalid: give a non-empty list"),
+    ("nosuch=1", "unknown config key 'nosuch'. Valid keys at the top level: cache_dir, "),
+])
+def test_build_command_refuses_a_mistake_with_one_line_and_exit_2_before_any_work(arg, says, tmp_path):
+    r = _build_command(tmp_path, arg)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: {says}") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert list(tmp_path.iterdir()) == []  # no download, no cache, no build.log
+
+
+def test_build_command_help_names_the_builder_and_its_keys(tmp_path):
+    r = _build_command(tmp_path, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Task builder (python -m agents.envs.build)")
+    assert "num_tasks: 240" in r.stdout and "workers: 2" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_builders_recipe_passes_its_own_checks():
+    from agents.envs.build import check_build_cfg
+    from common.config import compose
+
+    check_build_cfg(compose("agents/build_tasks"))
