@@ -132,8 +132,8 @@ def main() -> None:
     sampling = OmegaConf.to_container(tcfg.sampling, resolve=True)
     try:
         sets = {s: sorted(load_tasks(task_set_path(s))) for s in args.sets}
-    except ValueError as e:  # AgentServerError, TaskError
-        raise SystemExit(f"error: {e}") from None
+    except ValueError as e:  # AgentServerError, TaskError: a mistake in --sets, exit 2
+        raise usage_error(e) from None
     agent_overrides = [f"episode.tool_listing={cfg.agents.tool_listing}", *args.agent_overrides]
     try:  # the agent server's own checks, before an engine starts
         acfg = compose("agent_server", agent_overrides)

@@ -114,6 +114,21 @@ def test_task_sets_resolve_by_name_or_file_and_refuse_anything_else(tmp_path):
         task_set_path("constant_fix_l9")
 
 
+def test_solve_rate_refuses_an_unknown_task_set_with_one_line_and_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "bench.agent_solve_rate", "--sets", "nope"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith("error: task set 'nope' is neither a task file nor a built-in set")
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr + r.stdout
+    assert list(tmp_path.iterdir()) == []  # no engine started, no output folder
+
+
 def test_solve_rate_figures_count_groups_with_unequal_rewards():
     from bench.agent_solve_rate import group_figures
 
