@@ -58,7 +58,7 @@ from datetime import datetime
 from pathlib import Path
 
 import aiohttp
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
@@ -531,6 +531,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.kv_tokens < args.max_model_len:
         raise usage_error(f"--kv-tokens {args.kv_tokens} is below --max-model-len {args.max_model_len}: vLLM "
                          "refuses to start when one request cannot fit in its KV cache; raise --kv-tokens")
+    bad = [a for a in args.engine_arg if not a.startswith("-")]
+    if bad:
+        raise usage_error(f"--engine-arg {bad[0]!r}: give a `vllm serve` option with its dashes, joined by '=', "
+                          "e.g. --engine-arg=--enable-scale-out")
     if args.max_model_len < 512:
         raise usage_error(f"--max-model-len must be >= 512 for the generated workload, got {args.max_model_len}")
 
@@ -547,6 +551,10 @@ def main() -> None:
     parser.add_argument("--kv-tokens", type=int, default=8192, help="KV cache per engine, tokens")
     parser.add_argument("--max-model-len", type=int, default=2048, help="engine context limit, tokens")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine per-step token budget")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                        help="an extra `vllm serve` option for both engines, repeatable, joined by '=' "
+                             "(--engine-arg=--enable-scale-out: vLLM then answers the vLLM Router's "
+                             "/v1/completions/render, which it refuses by default, and the router routes by prefix)")
     parser.add_argument("--tool-gap-share", type=float, default=0.25, help="tool time / agent session time")
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
     parser.add_argument("--seeds", default="0,1,2", help="trace generator seeds, comma-separated: each seed replays "
@@ -606,6 +614,17 @@ def main() -> None:
     print(f"results: {out}")
 
 
+def engine_config(args: argparse.Namespace, kv_bytes_per_token: float) -> DictConfig:
+    """The engines' config: ``recipes/engine/cpu.yaml`` with a KV cache of ``--kv-tokens``
+    tokens (``kv_bytes_per_token`` bytes each), ``--max-num-batched-tokens``, and the
+    ``--engine-arg`` values appended to its ``extra_args``."""
+    ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")
+    ecfg.kv_cache_space_gib = args.kv_tokens * kv_bytes_per_token / 2**30
+    ecfg.max_num_batched_tokens = args.max_num_batched_tokens
+    ecfg.extra_args = [*ecfg.extra_args, *args.engine_arg]
+    return ecfg
+
+
 def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[int],
                   out: Path) -> list[tuple[int, list[dict]]]:
     """Engines up, calibrate once, then per seed (its own trace, in ``out/seed-<n>/``) replay
@@ -621,9 +640,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
     served = str(model_cfg.name)
     text = WordText(AutoTokenizer.from_pretrained(str(model_path)))
     per_token = kv_bytes_per_token(model_path, 4 if model_cfg.dtype == "float32" else 2)
-    ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")
-    ecfg.kv_cache_space_gib = args.kv_tokens * per_token / 2**30
-    ecfg.max_num_batched_tokens = args.max_num_batched_tokens
+    ecfg = engine_config(args, per_token)
     traces = {}
     for seed in seeds:
         (out / f"seed-{seed}").mkdir(exist_ok=True)

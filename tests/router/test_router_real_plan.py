@@ -43,6 +43,20 @@ def test_cpu_workload_keeps_the_paper_shape():
     assert any(r.tool_gap_s > 0 for s in sessions for r in s.requests)
 
 
+def test_engine_args_reach_both_engines_after_the_recipes_own():
+    import argparse
+
+    from bench.router_real import engine_config
+
+    args = argparse.Namespace(kv_tokens=8192, max_num_batched_tokens=2048,
+                              engine_arg=["--enable-scale-out", "--max-num-partial-prefills=2"])
+    ecfg = engine_config(args, kv_bytes_per_token=2**17)
+    assert list(ecfg.extra_args)[-2:] == ["--enable-scale-out", "--max-num-partial-prefills=2"]
+    assert ecfg.kv_cache_space_gib == pytest.approx(1.0) and ecfg.max_num_batched_tokens == 2048
+    assert list(engine_config(argparse.Namespace(kv_tokens=8192, max_num_batched_tokens=2048, engine_arg=[]),
+                              2**17).extra_args) == []
+
+
 @pytest.mark.parametrize("args, message", [
     (["--sweep", "8,x"], "--sweep: expected comma-separated integers"),
     (["--policies", "misa_t,nope"], "--policies"),
@@ -55,6 +69,7 @@ def test_cpu_workload_keeps_the_paper_shape():
     (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
     (["--seeds", "1,1"], "--seeds: each seed once"),
     (["--seeds", "-1"], "--seeds: expected integers >= 0 like 0,1,2"),
+    (["--engine-arg=enable-scale-out"], "--engine-arg 'enable-scale-out': give a `vllm serve` option with its dashes"),
 ])
 def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     p = subprocess.run([sys.executable, "-m", "bench.router_real", *args], cwd=REPO_ROOT, capture_output=True,
