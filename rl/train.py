@@ -124,10 +124,8 @@ def check_tasks_path(tasks_path) -> None:
         tasks = load_tasks(path)
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{given}: cannot read {path} ({e}). {build}") from None
-    except TaskError as e:  # a line that is not JSON, a field missing
+    except TaskError as e:  # a line that is not JSON or not a task object, a field missing
         raise ConfigError(f"{given}: {path} is not a task file: {e} {build}") from None
-    except (AttributeError, KeyError, TypeError):  # a JSON line that is not a task object
-        raise ConfigError(f"{given}: {path} is not a task file (a line is not a task object). {build}") from None
     if not tasks:
         raise ConfigError(f"{given}: {path} holds no tasks. {build}")
 

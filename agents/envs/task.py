@@ -100,7 +100,7 @@ def load_tasks(path: str | Path) -> dict[str, Task]:
     """Read a JSONL file of tasks: instance_id -> Task.
 
     Raises:
-        TaskError: the file is missing, a line is not JSON, or a task is malformed.
+        TaskError: the file is missing, a line is not JSON or not an object, or a task is malformed.
     """
     path = Path(path)
     if not path.is_file():
@@ -114,6 +114,8 @@ def load_tasks(path: str | Path) -> dict[str, Task]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise TaskError(f"{path}:{lineno}: not JSON ({e.msg}).") from None
+        if not isinstance(obj, dict):
+            raise TaskError(f"{path}:{lineno}: not a task object (a JSON {type(obj).__name__}).")
         task = Task.from_dict(obj, base_dir=path.parent)
         tasks[task.instance_id] = task
     return tasks

@@ -68,6 +68,9 @@ def test_malformed_task_file_names_line_and_field(tmp_path):
     path.write_text("{not json\n")
     with pytest.raises(TaskError, match="t.jsonl:1: not JSON"):
         load_tasks(path)
+    path.write_text("[1, 2]\n")
+    with pytest.raises(TaskError, match="t.jsonl:1: not a task object"):
+        load_tasks(path)
     with pytest.raises(TaskError, match="python -m agents.envs.build"):
         load_tasks(tmp_path / "missing.jsonl")
 
