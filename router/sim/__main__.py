@@ -132,21 +132,18 @@ def _policy_params_by_name(policy_params: dict) -> dict:
 
 
 #: Table 5's static-ceiling routers, each swept over ``sim.sweep_ceilings``: label ->
-#: (policy, options over ``policy_params[policy]``).
-TABLE5_BASELINES: dict[str, tuple[str, dict]] = {
+#: (policy, options over ``policy_params[policy]``, what its table's title says of it).
+TABLE5_BASELINES: dict[str, tuple[str, dict, str]] = {
     # The real vLLM Router's cache_aware with its prefix path working: the engines tokenize
     # for it (vLLM started with --enable-scale-out). The paper's baseline.
-    "vllm_router": ("vllm_router", {}),
+    "vllm_router": ("vllm_router", {}, ""),
     # The same router as `router=vllm` runs beside vLLM's defaults: the engines refuse to
     # tokenize (403), so it places every request on the least-loaded worker (measured by
     # bench.router_real from the router's own counters).
-    "vllm_router_least_loaded": ("vllm_router", {"missing_tokens_share": 1.0}),
+    "vllm_router_least_loaded": ("vllm_router", {"missing_tokens_share": 1.0},
+                                 " (the vLLM Router beside vLLM's defaults: engines refuse to tokenize)"),
     # The exact, eviction-aware KV-event index: the best static placement; nobody ships it.
-    "cache_aware": ("cache_aware", {}),
-}
-TABLE5_BASELINE_NOTES = {
-    "vllm_router_least_loaded": "the vLLM Router beside vLLM's defaults: engines refuse to tokenize",
-    "cache_aware": "exact KV-event index, the best static placement",
+    "cache_aware": ("cache_aware", {}, " (exact KV-event index, the best static placement)"),
 }
 
 
@@ -292,7 +289,7 @@ class Experiment:
         safe = c.safe_ceiling(self.bs, self.cfg.scale, self.cfg.context_limit_tokens)
         high = self.ceiling(c.permissive_ceiling)
         sweeps = {b: [f"{b}@{self.ceiling(x)}" for x in c.sweep_ceilings] for b in TABLE5_BASELINES}
-        plan = [(lb, *TABLE5_BASELINES[b], self.ceiling(x))
+        plan = [(lb, *TABLE5_BASELINES[b][:2], self.ceiling(x))
                 for b, labels in sweeps.items() for lb, x in zip(labels, c.sweep_ceilings)]
         plan += [("vllm_router (128K-safe)", "vllm_router", {}, safe)]
         plan += [(p, p, {}, high) for p in ("session_admission", "misa", "misa_t", "kv_horizon", "aimd", "tool_pause")]
@@ -304,9 +301,8 @@ class Experiment:
         base, exact = best["vllm_router"], best["cache_aware"]
         order = (["vllm_router (128K-safe)", *best.values(), "session_admission", "misa", "misa_t", "kv_horizon",
                   "aimd", "tool_pause", "vllm_router (high load)"])
-        vs = [table5_markdown(agg, best[b], order, f"Table 5 ({self.title}); baseline: sweep-tuned {best[b]}"
-                              + (f" ({TABLE5_BASELINE_NOTES[b]})" if b in TABLE5_BASELINE_NOTES else ""))
-              for b in TABLE5_BASELINES]
+        vs = [table5_markdown(agg, best[b], order, f"Table 5 ({self.title}); baseline: sweep-tuned {best[b]}{note}")
+              for b, (_, _, note) in TABLE5_BASELINES.items()]
         table = "\n\n".join([
             *vs,
             per_class_markdown(agg, order),
