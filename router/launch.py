@@ -75,6 +75,7 @@ def router_argv(
     port: int,
     extra_overrides: Sequence[str] = (),
     request_timeout_s: float | None = None,
+    metrics_port: int | None = None,
 ) -> list[str]:
     """The command line that starts the router described by ``router_cfg`` on ``port``.
 
@@ -82,7 +83,8 @@ def router_argv(
     or ``vllm``), ``policy``, ``params``, and for ``vllm`` the cache_aware thresholds.
     ``extra_overrides`` are further Hydra overrides for ours (``signals.scrape_interval_s=1``).
     ``request_timeout_s``: longest wait for one engine answer (``engine.request_timeout_s``);
-    None = the router's own default.
+    None = the router's own default. ``metrics_port``: vllm-router's ``--prometheus-port``
+    (None: a free one; it defaults to a fixed 29000 that two routers would share).
 
     Raises:
         RouterConfigError: unknown ``impl``, an engine URL that is not ``http(s)://host:port``
@@ -104,8 +106,7 @@ def router_argv(
             "--balance-rel-threshold", str(router_cfg["balance_rel_threshold"]),
             "--eviction-interval-secs", str(router_cfg["eviction_interval_s"]),
             "--max-tree-size", str(router_cfg["max_tree_size"]),
-            # Its own Prometheus port defaults to a fixed 29000: take a free one per router.
-            "--prometheus-port", str(free_port()),
+            "--prometheus-port", str(metrics_port or free_port()),
             *timeout,
         ]
     if impl != "ours":
@@ -193,15 +194,14 @@ def start_router(
     except ImportError:
         pass
     port = port or free_port()
-    argv = router_argv(router_cfg, engine_urls, kv_event_endpoints, model_path, port, extra_overrides,
-                       request_timeout_s)
-    url = f"http://127.0.0.1:{port}"
     kind = router_cfg.get("impl", "ours")
+    metrics_port = free_port() if kind == "vllm" else None  # ours serves /metrics on its own port
+    argv = router_argv(router_cfg, engine_urls, kv_event_endpoints, model_path, port, extra_overrides,
+                       request_timeout_s, metrics_port)
+    url = f"http://127.0.0.1:{port}"
     # Both serve /health: ours always, vllm-router once its workers answered theirs.
     process = ManagedProcess("router", argv, Path(log_dir) / "router.log", health_url=f"{url}/health", cwd=REPO_ROOT)
     process.start()
     process.wait_healthy(timeout_s, poll_s=0.2)
-    metrics_url = url
-    if "--prometheus-port" in argv:
-        metrics_url = f"http://127.0.0.1:{argv[argv.index('--prometheus-port') + 1]}"
+    metrics_url = f"http://127.0.0.1:{metrics_port}" if metrics_port else url
     return RouterHandle(url=url, kind=kind, process=process, metrics_url=metrics_url)
