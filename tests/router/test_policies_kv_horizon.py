@@ -5,6 +5,8 @@ prior 10 tokens/s per sequence and horizon 16 s (set in OPTIONS) -> a running re
 min(10 * 16, out_b) = 160 tokens = 10 blocks of growth. Most cases use the request-level
 model (``current_from: model``, ``growth_model: request``), whose sums are easy to compute
 by hand; the defaults (engine-measured current blocks, session growth rate) have their own.
+OPTIONS turn ``growth_remaining`` off so each case sums whole growths; the remaining-growth
+cases turn it on.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from router.policies.base import (
 
 METRICS = InstanceMetrics(num_blocks=100, block_size=16)
 OPTIONS = {"target_usage": 0.9, "decode_tokens_per_s_prior": 10.0, "horizon_s": 16.0, "turn_growth_prior_tokens": 32.0,
-           "current_from": "model", "growth_model": "request", "lifetime_floor": False}
+           "current_from": "model", "growth_model": "request", "lifetime_floor": False, "growth_remaining": False}
 
 
 def policy(**kw):
@@ -340,10 +342,11 @@ def test_abandoned_hold_is_forgotten_and_does_not_block_the_queue() -> None:
     assert p.state()["abandoned_holds"] == 1
 
 
-def test_a_session_that_ends_returns_exactly_its_reservation() -> None:
+@pytest.mark.parametrize("remaining", [False, True])
+def test_a_session_that_ends_returns_exactly_its_reservation(remaining: bool) -> None:
     # regression: a session closed by its last request's X-Session-End was once subtracted
     # from the idle sums it never entered, and the instance's reservation went negative
-    p = policy(growth_model="request")
+    p = policy(growth_model="request", growth_remaining=remaining)
     view = cluster("w0")
     start(p, req("keep", tokens=320), view, 0.0)
     kept = p.reserved_blocks("w0", 0.0)
@@ -352,3 +355,58 @@ def test_a_session_that_ends_returns_exactly_its_reservation() -> None:
         start(p, r, view, 0.0)
         p.observe(RequestFinished(r, "w0", 0.0, prompt_tokens=160, completion_tokens=160))
     assert p.reserved_blocks("w0", 0.0) == pytest.approx(kept)
+
+
+def test_growth_remaining_reserves_what_a_session_has_left_to_grow() -> None:
+    # G_b before 8 sessions completed = the footprint prior, 1/8 of 100 blocks = 12.5 blocks;
+    # g = min(r_w x horizon = 10 blocks, 12.5) = 10
+    p = policy(growth_model="session", growth_remaining=True)
+    start(p, req("s0", tokens=320), cluster("w0"), 0.0)  # 20 own prompt blocks
+    assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 10)  # young: the whole horizon growth
+    # t = 8 s: decoded 5 blocks, left 12.5 - 5 = 7.5 < 10 (a whole growth again would be 35)
+    assert p.reserved_blocks("w0", 8.0) == pytest.approx(25 + 7.5)
+    assert p.reserved_blocks("w0", 16.0) == pytest.approx(30 + 2.5)
+    assert p.reserved_blocks("w0", 24.0) == pytest.approx(35 + 0.0)  # past G_b: nothing more
+    # the turn ends with 560 tokens (35 blocks): idle, grown 15 >= 12.5 -> only its blocks
+    p.observe(RequestFinished(req("s0", tokens=320), "w0", 24.0, prompt_tokens=320, completion_tokens=240))
+    assert p.reserved_blocks("w0", 24.0) == pytest.approx(35.0)
+    # its next turn (600 tokens = 37 blocks) reserves its prompt and nothing to grow
+    start(p, req("s0", turn=1, tokens=600), cluster("w0"), 30.0)
+    assert p.reserved_blocks("w0", 30.0) == pytest.approx(37.0)
+    # a young session beside it: the class's bound is min(2 x 10, 2 x 12.5 - 12.5) = 12.5, at
+    # least the exact 10 + 0 (the grown session counts at most G_b, so its excess of 4.5
+    # blocks cannot eat the young one's reservation)
+    start(p, req("s1", tokens=320), cluster("w0"), 30.0)
+    assert p.reserved_blocks("w0", 30.0) == pytest.approx(37 + 20 + 12.5)
+
+
+def test_growth_remaining_follows_the_measured_whole_session_growth() -> None:
+    # 8 completed rlvr sessions grew 160 tokens each: G_b = 10 blocks (gamma x 16 s = 25.6 tokens
+    # over 100 s sessions, so g = 1.6 blocks binds while a session is young)
+    p = policy(growth_model="session", growth_remaining=True)
+    _complete_sessions(p, "rlvr", 8, first=160, final=320, residency_s=100.0)
+    start(p, req("s0", cls="rlvr", tokens=160), cluster("w0"), 200.0)  # 10 prompt blocks
+    assert p.reserved_blocks("w0", 200.0) == pytest.approx(10 + 1.6)
+    # after 15.2 s it decoded 152 tokens = 9.5 blocks: 0.5 blocks left < g
+    assert p.reserved_blocks("w0", 215.2) == pytest.approx(19.5 + 0.5)
+    assert p.reserved_blocks("w0", 230.0) == pytest.approx(10 + 30 * 10 / 16)  # past G_b: held only
+
+
+def test_a_request_decoding_past_its_class_growth_does_not_lower_another_sessions_reservation() -> None:
+    # G_b = the prior 12.5 blocks = 200 tokens = 20 s of decode at 10 tok/s. "old" decodes for
+    # 50 s (31.25 blocks, far past G_b); summed unclipped it would cancel the young session's
+    # growth (2 x 12.5 - 31.25 < 0). It leaves the growing sums after 20 s instead.
+    p = policy(growth_model="session", growth_remaining=True)
+    start(p, req("old", tokens=320), cluster("w0"), 0.0)
+    assert p.reserved_blocks("w0", 19.0) == pytest.approx(20 + 19 * 10 / 16 + (12.5 - 19 * 10 / 16))
+    start(p, req("young", tokens=320), cluster("w0"), 50.0)
+    # held: 2 x 20 prompt blocks + 31.25 decoded; growth: min(2 x g = 20, young's 12.5 left) = 12.5
+    assert p.reserved_blocks("w0", 50.0) == pytest.approx(40 + 31.25 + 12.5)
+    assert p._load("w0").growing_count == {"agent": 1}
+    # both end: every growing sum returns to empty
+    for sid in ("old", "young"):
+        r = req(sid, tokens=320, session_end=True)
+        p.observe(RequestFinished(r, "w0", 51.0, prompt_tokens=320, completion_tokens=10))
+    load = p._load("w0")
+    assert (load.growing_count, load.grown_running, load.start_by_class) == ({}, {}, {})
+    assert p.reserved_blocks("w0", 51.0) == pytest.approx(0.0)
