@@ -163,20 +163,33 @@ def demonstrations(node: Any, fmt: ToolCallFormat) -> tuple[Demonstration, ...]:
     return tuple(shown)
 
 
+def load_task_sets(cfg: DictConfig) -> dict[str, Task]:
+    """The tasks of ``cfg.tasks_path`` and ``cfg.extra_tasks_paths`` by id (a later set's task
+    replaces an earlier one of the same id).
+
+    Raises:
+        AgentServerError: an unknown set name or a missing file (``task_set_path``).
+        TaskError: a file that is not valid task JSONL.
+    """
+    tasks: dict[str, Task] = {}
+    for path in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
+        if path is not None:
+            tasks.update(load_tasks(task_set_path(str(path))))
+    return tasks
+
+
 class AgentService:
     """Episode bookkeeping behind the HTTP handlers (one per server process).
 
     Args:
         cfg: the ``agent_server`` Hydra config.
+        tasks: the task sets, already loaded (``load_task_sets``); None: loaded here.
     """
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DictConfig, tasks: dict[str, Task] | None = None) -> None:
         self.cfg = cfg
         self.episode_cfg = episode_config(cfg)
-        self.tasks: dict[str, Task] = {}
-        for path in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
-            if path is not None:
-                self.tasks.update(load_tasks(task_set_path(str(path))))
+        self.tasks: dict[str, Task] = load_task_sets(cfg) if tasks is None else tasks
         self.chat_format = _options(ChatFormat, cfg.chat_format, "chat_format")
         self._renderers: dict[str, ChatRenderer] = {}
         self._renderer_lock = asyncio.Lock()
@@ -434,11 +447,12 @@ def serve(cfg: DictConfig) -> None:
     check_values(cfg, VALUE_RULES)
     episode_config(cfg).isolation.check()
     _options(ChatFormat, cfg.chat_format, "chat_format")
+    tasks = load_task_sets(cfg)  # a bad task file is refused before the server says where it listens
 
     sock = listening_socket(cfg.host, cfg.port)  # an address in use: one error line, before anything starts
 
     async def build() -> web.Application:
-        return make_app(AgentService(cfg))
+        return make_app(AgentService(cfg, tasks))
 
     log.info("agent server on http://%s:%s", cfg.host, sock.getsockname()[1])
     web.run_app(build(), sock=sock, print=None)

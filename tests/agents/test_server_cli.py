@@ -59,3 +59,11 @@ def test_a_port_in_use_is_one_error_line():
     assert r.stderr.startswith(f"error: cannot serve on 127.0.0.1:{port}") and r.stderr.count("\n") == 1, r.stderr
     assert "address already in use" in r.stderr.lower() and "choose another host" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_a_missing_task_file_is_refused_before_the_server_says_where_it_listens(tmp_path):
+    r = _run(f"tasks_path={tmp_path / 'nope.jsonl'}")
+    assert r.returncode == 2, r.stderr
+    assert "is neither a task file nor a built-in set" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "agent server on" not in r.stdout + r.stderr  # it never claimed to serve
+    assert "Traceback" not in r.stderr + r.stdout
