@@ -440,9 +440,15 @@ def check_build_cfg(cfg: DictConfig) -> None:
     """Check the builder's config before any download or test run.
 
     Raises:
-        ConfigError: ``<key>=<value> is invalid: give <what>.`` for the first bad value.
+        ConfigError: ``<key>=<value> is invalid: give <what>.`` for the first bad value, or
+            a key the builder does not have (added with ``+``).
     """
-    check_values(cfg, {**VALUE_RULES, "projects": PROJECTS_RULE})
+    rules = {**VALUE_RULES, "projects": PROJECTS_RULE}
+    added = sorted(str(k) for k in cfg if k not in rules)
+    if added:  # `+name=value` adds a key the builder would ignore
+        raise ConfigError(f"unknown config key '{added[0]}': the builder has no such option. Valid keys: "
+                          f"{', '.join(sorted(rules))}.")
+    check_values(cfg, rules)
     if cfg.max_failing < cfg.min_failing:
         raise ConfigError(f"max_failing={cfg.max_failing} is below min_failing={cfg.min_failing}: "
                           "give max_failing >= min_failing.")

@@ -172,6 +172,7 @@ def _build_command(folder: Path, *args: str) -> subprocess.CompletedProcess:
     ("max_failing=0", "max_failing=0 is invalid: give a whole number >= min_failing"),
     ("projects=[]", "projects=[] is invalid: give a non-empty list"),
     ("nosuch=1", "unknown config key 'nosuch'. Valid keys at the top level: cache_dir, "),
+    ("+nosuch=1", "unknown config key 'nosuch': the builder has no such option. Valid keys: cache_dir, "),
 ])
 def test_build_command_refuses_a_mistake_with_one_line_and_exit_2_before_any_work(arg, says, tmp_path):
     r = _build_command(tmp_path, arg)
