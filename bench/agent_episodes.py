@@ -37,6 +37,7 @@ from agents.client import AgentServerClient, launch_agent_server
 from agents.envs.task import load_tasks
 from agents.scripted import ScriptedServer, gold_patch_policy
 from agents.server import HANDMADE_TASKS
+from common.config import CommandParser
 from sandbox import Workspace
 
 
@@ -208,7 +209,7 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.agent_episodes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog="python -m bench.agent_episodes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--sequential", type=int, default=4, help="episodes run one by one first")
     ap.add_argument("--latency-ms", type=float, default=200.0, help="scripted model time per call")

@@ -19,7 +19,6 @@ each model turn, to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -36,7 +35,7 @@ from agents.client import AgentServerClient, launch_agent_server
 from agents.envs.task import load_tasks
 from agents.server import BUILTIN_TASK_SETS, episode_config, task_set_path
 from agents.server import VALUE_RULES as AGENT_SERVER_RULES
-from common.config import check_values, compose, usage_error
+from common.config import check_values, compose, usage_error, CommandParser
 from rollout.model import resolve_model_path
 
 SERVED = "smollm2-135m"
@@ -109,7 +108,7 @@ def write_results(out: Path, results: dict, limits: dict, sampling: dict, group_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.agent_solve_rate", description=__doc__.splitlines()[0])
+    ap = CommandParser(prog="python -m bench.agent_solve_rate", description=__doc__.splitlines()[0])
     ap.add_argument("--sets", nargs="+", default=["constant_fix_l1", "constant_fix_l2",
                                                    "constant_fix_l3", "handmade"],
                     help=f"task sets ({', '.join(BUILTIN_TASK_SETS)}) or task files")

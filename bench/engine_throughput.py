@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from common.config import compose
+from common.config import compose, CommandParser
 from rollout.engines import EnginePool
 from rollout.model import resolve_model_path
 
@@ -44,7 +44,7 @@ async def _measure(url: str, model: str, concurrency: int, rounds: int, max_toke
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.engine_throughput", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog="python -m bench.engine_throughput", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)

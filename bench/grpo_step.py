@@ -30,7 +30,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from common.config import compose  # noqa: E402
+from common.config import CommandParser, compose  # noqa: E402
 from rl.grpo import TrainSample  # noqa: E402
 from rl.learner import Learner, LearnerConfig  # noqa: E402
 from rollout.model import resolve_model_path  # noqa: E402
@@ -92,7 +92,7 @@ def plot(rows: list[tuple[str, float]], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.grpo_step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog="python -m bench.grpo_step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=64)

@@ -26,7 +26,6 @@ and one that stopped before ``trainer.iterations`` (its ``config.yaml``) is read
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from common.config import usage_error
+from common.config import usage_error, CommandParser
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -150,7 +149,7 @@ def main() -> None:
     argv = sys.argv[1:]
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.learning_curve", description=__doc__.splitlines()[0])
+    ap = CommandParser(prog="python -m bench.learning_curve", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--metric", default="eval/arithmetic/pass@1")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "learning-curve")

@@ -20,7 +20,6 @@ sandbox, and the 135M model solves none of its problems).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 from collections import defaultdict
@@ -33,7 +32,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from common.config import compose
+from common.config import compose, CommandParser
 from rl.data import ArithmeticSource, GSM8KSource
 from rl.rewards import MathVerifyReward
 from rollout.client import ModelClient
@@ -98,7 +97,7 @@ async def sample_setting(url: str, tok, prompts: dict[str, list], samples: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.rlvr_settings", description=__doc__.splitlines()[0])
+    ap = CommandParser(prog="python -m bench.rlvr_settings", description=__doc__.splitlines()[0])
     ap.add_argument("--prompts-per-domain", type=int, default=4)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--settings", nargs="+", default=["train:1.0:1.0:192", "eval:0.8:0.95:512"])

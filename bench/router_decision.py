@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import usage_error
+from common.config import usage_error, CommandParser
 from router.policies import POLICY_NAMES, make_policy
 from router.policies.base import (
     BlocksStored,
@@ -161,7 +161,7 @@ def memory_child() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.router_decision", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="python -m bench.router_decision", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decisions", type=int, default=4000,
                         help="timed decide() calls per policy, at least 2 (new sessions and continuations alternate)")
     parser.add_argument("--seed", type=int, default=0)

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import EXIT_FAILURE, RECIPES_DIR, usage_error
+from common.config import EXIT_FAILURE, RECIPES_DIR, usage_error, CommandParser
 from common.process import ManagedProcess, ProcessStartError, free_port
 from rollout.serve import stop_on_sigterm
 from router.launch import REPO_ROOT, start_router
@@ -113,7 +113,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.router_proxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="python -m bench.router_proxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=400, help="requests per phase and target (at least 2)")
     parser.add_argument("--concurrency", type=int, default=32, help="concurrency of the throughput phase")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="fake engine latency")

@@ -63,7 +63,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import REPO_ROOT, usage_error
+from common.config import REPO_ROOT, usage_error, CommandParser
 from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from common.process import ProcessStartError
@@ -540,7 +540,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
+    parser = CommandParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--minutes", type=float, default=3.0, help="wall time per router run")
     parser.add_argument("--warmup-minutes", type=float, default=1.0,
                         help="also measure each run after this much wall time (the warm window; 0: whole run only)")

@@ -22,7 +22,6 @@ process starts (``error: ...``, exit code 2).
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import queue
 import resource
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.config import EXIT_FAILURE, usage_error
+from common.config import EXIT_FAILURE, usage_error, CommandParser
 
 SWEEP_CEILING = 128  # the paper's sweep-tuned static ceiling for Step3.7 (section 5.1)
 PERMISSIVE_CEILING = 512  # the admission policies' common ceiling (recipes/sim/step3.7-like.yaml)
@@ -148,7 +147,7 @@ def _policies(names: list[str]) -> list[str]:
 
 def main() -> None:
     """Run each policy in a fresh process, one after the other, and print the table."""
-    ap = argparse.ArgumentParser(prog="python -m bench.sim_speed", description=__doc__.split("\n\n")[0])
+    ap = CommandParser(prog="python -m bench.sim_speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("policies", nargs="*", default=list(DEFAULT_POLICIES))
     ap.add_argument("--ceiling", type=int, default=None,
                     help="trainer ceiling for every policy (default: 128, or 512 for admission policies)")

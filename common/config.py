@@ -19,6 +19,7 @@ interpolations), ``--help``, ``--info``, ``-m``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
@@ -260,6 +261,16 @@ def usage_error(message: object) -> SystemExit:
     user's mistake (exit 2), for the caller to raise."""
     print(f"error: {message}", file=sys.stderr)
     return SystemExit(EXIT_USAGE)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose refusals are one line, as every entry point's:
+    ``error: <argparse's message> (python -m X --help lists the options)``, exit 2, no usage
+    block (a command line it cannot parse: an unknown flag, a value of the wrong type, a
+    missing argument)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise usage_error(f"{message} ({self.prog} --help lists the options)")
 
 
 def compose_or_exit(config_name: str, argv: Sequence[str], return_hydra_config: bool = False) -> DictConfig:

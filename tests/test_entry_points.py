@@ -60,10 +60,19 @@ def test_bad_value_exits_2_with_one_line_and_leaves_nothing(module, tmp_path):
 
 
 @pytest.mark.parametrize("module", BENCHMARKS)
-def test_benchmark_refuses_an_unknown_option_with_exit_2(module, tmp_path):
+def test_benchmark_refuses_an_unknown_option_with_exit_2_and_one_line(module, tmp_path):
     r = _run_in(tmp_path, module, "--no-such-option")
-    assert r.returncode == EXIT_USAGE and "unrecognized arguments: --no-such-option" in r.stderr
+    assert r.returncode == EXIT_USAGE, r.stderr[-2000:]
+    assert r.stderr == (f"error: unrecognized arguments: --no-such-option "
+                        f"(python -m {module} --help lists the options)\n")  # no argparse usage block
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_a_value_argparse_cannot_read_is_one_line_too(tmp_path):
+    r = _run_in(tmp_path, "bench.router_decision", "--decisions", "many")
+    assert r.returncode == EXIT_USAGE
+    assert r.stderr == ("error: argument --decisions: invalid int value: 'many' "
+                        "(python -m bench.router_decision --help lists the options)\n")
 
 
 def test_benchmark_refuses_a_bad_value_with_exit_2_and_one_line(tmp_path):

@@ -25,7 +25,6 @@ regenerate it with ``python -m agents.envs.constant_fix`` (a test checks it is c
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from agents.envs.task import DEFAULT_TEST_CMD, Task, write_tasks
 from agents.toolcall import format_tool_call
+from common.config import CommandParser
 from sandbox import unified_diff
 
 LEVELS = (1, 2, 3)
@@ -169,7 +169,7 @@ def build_constant_fix(out_dir: Path, bugs: tuple[ConstantBug, ...] = BUGS) -> l
 
 def main() -> None:
     """``python -m agents.envs.constant_fix [--out DIR]``: (re)write the committed set."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = CommandParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "handmade",
                     help="folder for the task files and snapshots (default: the committed set)")
     args = ap.parse_args()
