@@ -71,7 +71,7 @@ from rollout.serve import stop_on_sigterm
 from router.launch import start_router
 from router.policies import POLICY_NAMES, make_policy, registered_policy_names
 from router.replay import ReplayError, WordText, replay, scrape_engines
-from router.sim.calibrate import measure_step_samples
+from router.sim.calibrate import measure_step_samples, step_samples_from_timeline
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
@@ -275,26 +275,51 @@ def regime(timeline: list[dict], instances: int, window: tuple[float, float]) ->
     }
 
 
-def windows(results: list[dict], warmup_minutes: float) -> list[tuple[str, str, str]]:
-    """The measurement windows ``results`` carry: (real key, simulator key, title). The
-    whole run always; the after-warm-up window when every run has it."""
-    out = [("real", "sim", "whole run (from the first unit completion)")]
+PROFILES = (("", "step costs from the calibration on idle engines"),
+            ("_insitu", "step costs in situ: fitted to the other runs' engine counters"))
+"""The simulator's step-cost profiles (:func:`simulate`): key infix, what it is."""
+
+
+def windows(results: list[dict], warmup_minutes: float) -> list[tuple[str, list[tuple[str, str]], str]]:
+    """The measurement windows ``results`` carry: (real key, [(simulator key, profile)],
+    title). The whole run always; the after-warm-up window when every run has it; in each,
+    the simulator replays of :data:`PROFILES` that every vLLM Router run has."""
+    out = []
+    spans = [("real", "", "whole run (from the first unit completion)")]
     if warmup_minutes > 0 and results and all(r.get("real_after_warmup") for r in results):
-        out.append(("real_after_warmup", "sim_after_warmup", f"after the first {warmup_minutes:g} min (warm)"))
+        spans.append(("real_after_warmup", "_after_warmup", f"after the first {warmup_minutes:g} min (warm)"))
+    for real_key, tail, title in spans:
+        sims = [(f"sim{infix}{tail}", what) for infix, what in PROFILES
+                if all(r.get(f"sim{infix}{tail}") for r in results if r["impl"] == "vllm")]
+        out.append((real_key, sims, title))
     return out
 
 
 def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sweep: list[str], real_key: str,
-                    sim_key: str, lines: list[str]) -> dict:
+                    sims: list[tuple[str, str]], lines: list[str]) -> dict:
     """One window's part of :func:`summarize_seeds`: appends its markdown to ``lines`` and
-    returns its figures (baseline, aggregate, mimic error, headlines)."""
+    returns its figures (baseline, aggregate, mimic error per simulator key in ``sims``,
+    headlines)."""
     real = [{"label": r["label"], "policy": r["policy"], "ceiling": r["ceiling"], "tags": [], "summary": r[real_key]}
             for _, results in per_seed for r in results]
     agg = aggregate(real)
     base = best_sweep_label(agg, sweep)
     first = per_seed[0][1]
     lines += [table5_markdown(agg, base, order, f"Real engines, change vs {base} (sweep-tuned), mean ± std over seeds"),
-              "", "### The simulator's vllm_router mimic against the real vLLM Router, per sweep point", "",
+              ""]
+    mimic = {sim_key: _mimic_table(per_seed, sweep, real_key, sim_key, what, lines) for sim_key, what in sims}
+    heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
+    lines += ["", *heads, ""]
+    return {"baseline": base, "aggregate": agg, "mimic_error": mimic.get(sims[0][0], {}) if sims else {},
+            "mimic_error_by_profile": mimic, "headlines": heads}
+
+
+def _mimic_table(per_seed: list[tuple[int, list[dict]]], sweep: list[str], real_key: str, sim_key: str, what: str,
+                 lines: list[str]) -> dict[str, dict]:
+    """Markdown (appended to ``lines``) and figures of the simulator's vllm_router mimic
+    against the real router per sweep point, simulator replays ``sim_key`` (``what``)."""
+    first = per_seed[0][1]
+    lines += [f"### The simulator's vllm_router mimic against the real vLLM Router, per sweep point ({what})", "",
               "Error = simulator − real, per seed then mean ± std. Goal (baseline issue): hit rate within "
               "3 points, samples/min within 10%.", "",
               "| sweep point | hit real | hit sim | hit error (points) | samples/min real | sim | error |",
@@ -316,9 +341,8 @@ def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sw
                      f"{statistics.fmean(r[sim_key]['prefix_hit_rate'] for r in rows):.1%} | {ms(hit_err)} | "
                      f"{statistics.fmean(r[real_key]['samples_per_min'] for r in rows):.2f} | "
                      f"{statistics.fmean(r[sim_key]['samples_per_min'] for r in rows):.2f} | {ms(spm_err)}% |")
-    heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
-    lines += ["", *heads, ""]
-    return {"baseline": base, "aggregate": agg, "mimic_error": mimic, "headlines": heads}
+    lines.append("")
+    return mimic
 
 
 def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
@@ -360,9 +384,9 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     seeds = [s for s, _ in per_seed]
     lines = [f"# Routers on 2 real vLLM CPU engines: {len(seeds)} seed(s) {seeds}, {minutes:g} min per router", ""]
     per_window: dict[str, dict] = {}
-    for real_key, sim_key, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
+    for real_key, sims, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
         lines += [f"## Window: {title}", ""]
-        per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sim_key, lines)
+        per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sims, lines)
     lines += _decisions_section(per_seed, order)
     lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
@@ -401,7 +425,7 @@ def report(results: list[dict], out: Path, minutes: float, warmup_minutes: float
     console = Console(width=160)
     classes = list(MIXTURE)
     md_all: list[str] = []
-    for real_key, sim_key, title in windows(results, warmup_minutes):
+    for real_key, sims, title in windows(results, warmup_minutes):
         base_label = _best_sweep(results, real_key)
         base = next(r for r in results if r["label"] == base_label)[real_key]
         t = Table(title=f"Routers on 2 real vLLM CPU engines, {minutes:g} min each, {title} "
@@ -426,29 +450,37 @@ def report(results: list[dict], out: Path, minutes: float, warmup_minutes: float
             md.append("| " + " | ".join(row) + " |")
         console.print(t)
 
-        t2 = Table(title=f"Simulator (CPU-fitted profile) vs the real engines, {title}: error = (sim - real) / real")
-        cols2 = ["router"] + [f"{f} real | sim | err" for f in FIGURES]
-        for c in cols2:
-            t2.add_column(c, justify="left" if c == "router" else "right")
-        md_cols2 = ["router"] + [f"{f} {part}" for f in FIGURES for part in ("real", "sim", "err")]
-        md2 = ["| " + " | ".join(md_cols2) + " |", "|" + "---|" * len(md_cols2)]
-        for r in results:
-            if not r.get(sim_key):
-                continue
-            cells = []
-            for f in FIGURES:
-                real, sim = r[real_key][f], r[sim_key][f]
-                e = _err(sim, real)
-                fmt = "{:.1%}" if f == "prefix_hit_rate" else "{:.1f}"
-                cells.append((fmt.format(real), fmt.format(sim), f"{e:+.0%}" if e is not None else "n/a"))
-            t2.add_row(r["label"], *(" | ".join(c) for c in cells))
-            md2.append("| " + " | ".join([r["label"], *(x for c in cells for x in c)]) + " |")
-        console.print(t2)
-        md_all += [f"## Real engines, {title}", "", *md, "", f"## Simulator vs real, {title}", "", *md2, ""]
+        md_all += [f"## Real engines, {title}", "", *md, ""]
+        for sim_key, what in sims:
+            md_all += [f"## Simulator vs real, {title}, {what}", "", *_sim_vs_real(results, real_key, sim_key,
+                                                                                    f"{title}, {what}", console), ""]
     text = "\n".join(md_all)
     (out / "table.md").write_text(text)
     _plots(results, _best_sweep(results, "real"), out)
     return text
+
+
+def _sim_vs_real(results: list[dict], real_key: str, sim_key: str, title: str, console: Console) -> list[str]:
+    """Print the simulator-vs-real table of one window and profile; return it as markdown rows."""
+    t2 = Table(title=f"Simulator vs the real engines, {title}: error = (sim - real) / real")
+    cols2 = ["router"] + [f"{f} real | sim | err" for f in FIGURES]
+    for c in cols2:
+        t2.add_column(c, justify="left" if c == "router" else "right")
+    md_cols2 = ["router"] + [f"{f} {part}" for f in FIGURES for part in ("real", "sim", "err")]
+    md2 = ["| " + " | ".join(md_cols2) + " |", "|" + "---|" * len(md_cols2)]
+    for r in results:
+        if not r.get(sim_key):
+            continue
+        cells = []
+        for f in FIGURES:
+            real, sim = r[real_key][f], r[sim_key][f]
+            e = _err(sim, real)
+            fmt = "{:.1%}" if f == "prefix_hit_rate" else "{:.1f}"
+            cells.append((fmt.format(real), fmt.format(sim), f"{e:+.0%}" if e is not None else "n/a"))
+        t2.add_row(r["label"], *(" | ".join(c) for c in cells))
+        md2.append("| " + " | ".join([r["label"], *(x for c in cells for x in c)]) + " |")
+    console.print(t2)
+    return md2
 
 
 def _plots(results: list[dict], base_label: str, out: Path) -> None:
@@ -723,25 +755,51 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
 def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dict, instances: int,
              max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, minutes: float, seed: int,
              warmup_minutes: float = 0.0) -> None:
-    """Replay ``trace`` in the simulator for each run, with the profile fitted to the measured
-    steps in ``calibration`` and the engines' KV blocks and block size; sets ``r["sim"]`` (whole
-    run) and, with a warm-up, ``r["sim_after_warmup"]`` (the window from the first unit
-    completion after ``warmup_minutes``; a second replay, the window being one per run)."""
+    """Replay ``trace`` in the simulator for each run, with the engines' KV blocks and block
+    size and two step-cost profiles:
+
+    - ``r["sim"]`` (whole run) and ``r["sim_after_warmup"]`` (the window from the first unit
+      completion after ``warmup_minutes``; a second replay, the window being one per run):
+      the profile fitted to the steps measured on idle engines before the runs
+      (``calibration``);
+    - ``r["sim_insitu"]`` and ``r["sim_insitu_after_warmup"]``: the profile fitted to the mean
+      steps of the *other* runs of this seed (:func:`step_samples_from_timeline` on their
+      timelines; ``r["insitu_profile"]``), so a run's own throughput never enters its
+      prediction. Left out when the other runs give fewer than 8 intervals (runs recorded
+      before the engines' step counters were scraped).
+    """
     cost = fit_linear_step_cost([StepSample(**s) for s in calibration["samples"]])
     calibration["profile"] = dataclasses.asdict(cost)
     info = calibration["engines"]
     sim_cfg = EngineConfig(num_blocks=info["num_blocks"], block_size=info["block_size"],
                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    for r, run in zip(tqdm(results, desc="simulator replay", file=sys.stderr, disable=not sys.stderr.isatty()), runs):
-        cfg = SimConfig(instances=instances, engine=sim_cfg, cost=cost, mixture=dict(MIXTURE), ceiling=run.ceiling,
-                        signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
-                        context_limit_tokens=max_model_len, warmup_frac=0.0, horizon_s=minutes * 60, seed=seed)
+    insitu = [step_samples_from_timeline(r.get("timeline") or [], info["num_blocks"], info["block_size"])
+              for r in results]
+    for i, (r, run) in enumerate(zip(tqdm(results, desc="simulator replay", file=sys.stderr,
+                                          disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
-        policy = run.sim_policy(share)
-        r["sim"] = Simulation(cfg, trace, policy).run().summary
-        r["sim_decisions"] = dict(getattr(policy, "decisions", {}))
-        r["sim_after_warmup"] = (Simulation(dataclasses.replace(cfg, warmup_s=warmup_minutes * 60), trace,
-                                            run.sim_policy(share)).run().summary if warmup_minutes > 0 else None)
+
+        def replay_sim(profile, warmup_s: float = 0.0, keep_decisions: bool = False) -> dict:
+            cfg = SimConfig(instances=instances, engine=sim_cfg, cost=profile, mixture=dict(MIXTURE),
+                            ceiling=run.ceiling, context_limit_tokens=max_model_len, warmup_frac=0.0,
+                            signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
+                            horizon_s=minutes * 60, seed=seed, warmup_s=warmup_s)
+            policy = run.sim_policy(share)
+            summary = Simulation(cfg, trace, policy).run().summary
+            if keep_decisions:
+                r["sim_decisions"] = dict(getattr(policy, "decisions", {}))
+            return summary
+
+        r["sim"] = replay_sim(cost, keep_decisions=True)
+        r["sim_after_warmup"] = replay_sim(cost, warmup_minutes * 60) if warmup_minutes > 0 else None
+        others = [s for j, samples in enumerate(insitu) if j != i for s in samples]
+        for key in ("insitu_profile", "sim_insitu", "sim_insitu_after_warmup"):
+            r.pop(key, None)
+        if len(others) >= 8:
+            profile = fit_linear_step_cost(others)
+            r["insitu_profile"] = dataclasses.asdict(profile)
+            r["sim_insitu"] = replay_sim(profile)
+            r["sim_insitu_after_warmup"] = replay_sim(profile, warmup_minutes * 60) if warmup_minutes > 0 else None
 
 
 def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None:

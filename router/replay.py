@@ -116,8 +116,10 @@ class ReplayResult:
         requests: every finished request (``RequestRecord``).
         errors: one line per failed request (HTTP status and the body's start).
         timeline: periodic samples (``t_s``, per-engine KV usage, running, waiting, cumulative
-            prefix queries and hits, units completed; with ``router_state`` also ``caps`` and
-            ``held``) for plots.
+            prefix queries and hits, units completed; per engine the cumulative ``steps``,
+            ``computed_prompt`` and ``generated`` tokens, from which
+            :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
+            with ``router_state`` also ``caps`` and ``held``) for plots.
     """
 
     summary: dict
@@ -309,7 +311,11 @@ class _Replay:
                     "t_s": self.now(), "kv_usage": [m.kv_cache_usage for m in ms],
                     "running": [m.num_requests_running for m in ms], "waiting": [m.num_requests_waiting for m in ms],
                     "prefix_queries": q, "prefix_hits": h, "completed": dict(self.trainer.completed),
-                    "in_flight_units": self.trainer.in_flight, **router})
+                    "in_flight_units": self.trainer.in_flight,
+                    # per engine, cumulative: steps, computed prompt tokens (hits excluded), generated tokens
+                    "steps": [m.engine_steps_total for m in ms],
+                    "computed_prompt": [m.prompt_tokens_total - m.prefix_cache_hits_total for m in ms],
+                    "generated": [m.generation_tokens_total for m in ms], **router})
             await asyncio.sleep(period_s)
 
     async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,

@@ -116,6 +116,7 @@ class InstanceMetrics:
     prompt_tokens_total: float = 0.0  # vllm:prompt_tokens_total
     generation_tokens_total: float = 0.0  # vllm:generation_tokens_total
     num_preemptions_total: float = 0.0  # vllm:num_preemptions_total
+    engine_steps_total: float = 0.0  # vllm:iteration_tokens_total's count: engine steps (iterations)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ Every shape is measured ``repeats`` times and the median kept. A shape whose seq
 not fit in the engines' KV cache (or exceed ``max_num_seqs``) is skipped: a preempted
 sequence would time recomputation, not a decode step. Prompts use fresh words
 per measurement so nothing hits the prefix cache by accident.
+:func:`step_samples_from_timeline` derives steps from a live run instead: the mean step of
+each interval between two metric samples, from the engines' step and token counters.
 :func:`router.sim.cost_model.fit_linear_step_cost` turns the samples into the profile.
 """
 
@@ -147,3 +149,41 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
         raise ValueError(f"no decode shape of {list(decode_shapes)} fits engines of {kv_blocks} KV blocks of "
                          f"{block_size} tokens and max_num_seqs {max_num_seqs}; give smaller shapes")
     return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats, shapes))
+
+
+def step_samples_from_timeline(timeline: Sequence[dict], num_blocks: int, block_size: int,
+                               min_steps: int = 20) -> list[StepSample]:
+    """The mean engine step of each busy interval of a live run (step costs *in situ*: with
+    whatever else shared the machine during the run, which :func:`measure_step_samples`,
+    timing shapes on idle engines, does not see).
+
+    Args:
+        timeline: :class:`router.replay.ReplayResult` timeline samples, in time order; each
+            with ``t_s`` and per engine ``running``, ``kv_usage`` and the cumulative
+            ``steps``, ``computed_prompt`` and ``generated`` tokens. Samples without
+            ``steps`` (runs recorded before they were scraped) give nothing.
+        num_blocks, block_size: the engines' KV cache (context = KV usage x blocks x size).
+        min_steps: shortest interval kept, in engine steps (fewer: too coarse a mean).
+
+    Returns:
+        One :class:`StepSample` per engine and pair of consecutive samples between which
+        that engine had requests running at both ends and took ``min_steps`` steps or more:
+        prefill tokens = Δcomputed prompt / Δsteps, decode sequences = Δgenerated / Δsteps,
+        context = mean KV usage of the two ends x num_blocks x block_size, step time =
+        Δt / Δsteps (an engine with requests running steps back to back, so the interval is
+        all steps).
+    """
+    out: list[StepSample] = []
+    pts = [p for p in timeline if p.get("steps")]
+    for a, b in zip(pts, pts[1:]):
+        dt = b["t_s"] - a["t_s"]
+        for i in range(min(len(a["steps"]), len(b["steps"]))):
+            steps = b["steps"][i] - a["steps"][i]
+            if dt <= 0 or steps < min_steps or not (a["running"][i] and b["running"][i]):
+                continue
+            out.append(StepSample(
+                prefill_tokens=max(0.0, b["computed_prompt"][i] - a["computed_prompt"][i]) / steps,
+                decode_seqs=max(0.0, b["generated"][i] - a["generated"][i]) / steps,
+                context_tokens=0.5 * (a["kv_usage"][i] + b["kv_usage"][i]) * num_blocks * block_size,
+                step_time_s=dt / steps))
+    return out

@@ -161,11 +161,12 @@ class LinearStepCost:
 
 @dataclass(frozen=True)
 class StepSample:
-    """One measured engine step (or a run of identical steps): its batch and its time."""
+    """One measured engine step (or a run of identical steps, or the mean step of an interval
+    of a live run): its batch (tokens, sequences; means may be fractional) and its time (s)."""
 
-    prefill_tokens: int
-    decode_seqs: int
-    context_tokens: int
+    prefill_tokens: float
+    decode_seqs: float
+    context_tokens: float
     step_time_s: float
 
 

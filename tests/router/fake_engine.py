@@ -193,6 +193,12 @@ vllm:request_success_total{{{labels},finished_reason="length"}} {float(served)}
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_prefix_caching="True",engine="0",kv_cache_size_tokens="{block_size * num_blocks}",num_gpu_blocks="{num_blocks}"}} 1.0
+# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{{{labels},le="1.0"}} 0.0
+vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {128.0 * served}
+vllm:iteration_tokens_total_count{{{labels}}} {128.0 * served}
+vllm:iteration_tokens_total_sum{{{labels}}} {232.0 * served}
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{{{labels},le="0.1"}} 0.0

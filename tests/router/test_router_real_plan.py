@@ -93,10 +93,20 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
             "decode_tok_s": 40.0, "consumed_mixture": dict.fromkeys(MIXTURE, 1 / 3), "tv_distance": 0.1,
             "completion_s": {}, "preemptions": 0, "output_tokens_per_min": 900.0,
             "length_adjusted_samples_per_min": 9.0, "decode_tokens_per_sample": 90.0, "window_s": [0.0, 30.0]}
+    # the engines' counters, sampled every 100 steps of a changing mix (40 ms + 1 ms per prefill
+    # token + 0.5 ms per sequence a step)
+    timeline, t, steps, prompt, gen = [], 0.0, 0.0, 0.0, 0.0
+    for i in range(12):
+        timeline.append({"t_s": t, "running": [4, 4], "waiting": [0, 0], "kv_usage": [0.3 + 0.05 * (i % 5)] * 2,
+                         "in_flight_units": 8, "completed": {"agent": i}, "prefix_queries": 100.0 * i,
+                         "prefix_hits": 50.0 * i, "steps": [steps] * 2, "computed_prompt": [prompt] * 2,
+                         "generated": [gen] * 2})
+        p, d = 20 * (i % 3), 4 + i % 4
+        t, steps, prompt, gen = t + 100 * (0.040 + 0.001 * p + 0.0005 * d), steps + 100, prompt + 100 * p, gen + 100 * d
     runs = [{"label": "vllm-router c=4", "impl": "vllm", "policy": "cache_aware", "ceiling": 4, "sweep": True,
-             "real": real, "errors": [], "timeline": [], "sim": {"samples_per_min": -1.0}},
+             "real": real, "errors": [], "timeline": timeline, "sim": {"samples_per_min": -1.0}},
             {"label": "misa_t c=8", "impl": "ours", "policy": "misa_t", "ceiling": 8, "sweep": False,
-             "real": real, "errors": [], "timeline": [], "sim": {"samples_per_min": -1.0}}]
+             "real": real, "errors": [], "timeline": timeline, "sim": {"samples_per_min": -1.0}}]
     calibration = {"engines": {"num_blocks": 32, "block_size": 128}, "profile": {}, "samples": [
         {"prefill_tokens": 0, "decode_seqs": 1, "context_tokens": 80, "step_time_s": 0.035},
         {"prefill_tokens": 0, "decode_seqs": 16, "context_tokens": 1280, "step_time_s": 0.078},
@@ -111,7 +121,11 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["baseline"] == "vllm-router c=4" and saved["calibration"]["profile"]["c0_s"] > 0
     assert all(r["sim"]["samples_per_min"] > 0 for r in saved["runs"])
+    # and a second replay with step costs fitted to the other run's engine counters
+    for r in saved["runs"]:
+        assert r["sim_insitu"]["samples_per_min"] > 0 and r["insitu_profile"]["c0_s"] > 0
     assert "Simulator vs real" in (tmp_path / "table.md").read_text()
+    assert "step costs in situ" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "router_real.png").exists()
 
     # A run of several seeds: each seed folder is redone, then the table over seeds.
@@ -128,6 +142,7 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     assert "2 seed(s) [0, 1]" in summary and "vllm-router c=4 | " in summary
     assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +0.0% ± 0.0 samples/min" in summary
     assert json.loads((tmp_path / "multi" / "summary.json").read_text())["baseline"] == "vllm-router c=4"
+    assert "mimic against the real vLLM Router, per sweep point (step costs in situ" in summary
 
     # A run measured with a warm-up: the simulator replays the warm window too (its window
     # starts at the first completion after the warm-up), and both windows are tabled.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.sim.calibrate import fitting_shapes, measure_step_samples
+from router.sim.calibrate import fitting_shapes, measure_step_samples, step_samples_from_timeline
+from router.sim.cost_model import LinearStepCost, fit_linear_step_cost
 
 
 def test_shapes_that_do_not_fit_the_engines_are_skipped():
@@ -30,3 +31,45 @@ class _Words:
 
     def text(self, key: str, n: int) -> str:
         return " w" * n
+
+
+def test_live_run_intervals_become_mean_steps():
+    # engine 0, 0-5 s: 100 steps, 2,000 computed prompt tokens, 400 generated, KV 0.25 -> 0.75
+    # of 64 x 128 tokens; engine 1 had nothing running at 0 s (it may have idled): left out;
+    # 5-10 s: engine 0 took 10 steps (< min_steps 20): left out, engine 1 60 steps.
+    timeline = [
+        {"t_s": 0.0, "running": [2, 0], "kv_usage": [0.25, 0.0], "steps": [100, 50], "computed_prompt": [1000, 0],
+         "generated": [500, 0]},
+        {"t_s": 5.0, "running": [4, 3], "kv_usage": [0.75, 0.5], "steps": [200, 60], "computed_prompt": [3000, 0],
+         "generated": [900, 40]},
+        {"t_s": 10.0, "running": [1, 2], "kv_usage": [0.5, 0.5], "steps": [210, 120], "computed_prompt": [3100, 600],
+         "generated": [910, 160]},
+        {"t_s": 15.0, "running": [1, 2], "kv_usage": [0.5, 0.5]},  # recorded before steps were scraped: skipped
+    ]
+    samples = step_samples_from_timeline(timeline, num_blocks=64, block_size=128)
+    assert [(s.prefill_tokens, s.decode_seqs, s.context_tokens) for s in samples] == [
+        (20.0, 4.0, 4096.0), (10.0, 2.0, 4096.0)]
+    assert samples[0].step_time_s == pytest.approx(0.05) and samples[1].step_time_s == pytest.approx(5 / 60)
+
+
+def test_a_profile_is_recovered_from_live_run_intervals():
+    # a run whose every interval of 100 steps has its own batch mix; the step time follows a
+    # known profile with the interval's context (mean KV usage of its two ends)
+    truth = LinearStepCost(c0_s=0.03, c_prefill_s=0.0012, c_decode_s=0.0015, c_context_s=2e-6)
+    mixes = [(0, 4), (50, 8), (200, 2), (10, 16), (120, 12), (0, 24), (300, 6), (30, 20), (80, 10), (5, 30)]
+    usage = [0.2, 0.4, 0.3, 0.8, 0.6, 0.9, 0.5, 0.7, 0.5, 0.95, 0.4]  # at each sample
+    t = steps = prompt = gen = 0.0
+    timeline = []
+    for i, (p, d) in enumerate(mixes):
+        timeline.append({"t_s": t, "running": [d], "kv_usage": [usage[i]], "steps": [steps],
+                         "computed_prompt": [prompt], "generated": [gen]})
+        context = 0.5 * (usage[i] + usage[i + 1]) * 64 * 128
+        t += 100 * truth.step_time_s(p, d, context)
+        steps, prompt, gen = steps + 100, prompt + 100 * p, gen + 100 * d
+    timeline.append({"t_s": t, "running": [1], "kv_usage": [usage[-1]], "steps": [steps],
+                     "computed_prompt": [prompt], "generated": [gen]})
+    samples = step_samples_from_timeline(timeline, num_blocks=64, block_size=128)
+    assert len(samples) == len(mixes)
+    fitted = fit_linear_step_cost(samples)
+    for name in ("c0_s", "c_prefill_s", "c_decode_s", "c_context_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
