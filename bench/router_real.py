@@ -184,14 +184,44 @@ async def _fetch_text(url: str) -> str:
             return await r.text()
 
 
-def plan_runs(sweep: list[int], ceiling: int, policies: list[str]) -> list[RouterRun]:
-    """The sweep of the real vLLM Router, then every router at the permissive ceiling."""
+def plan_runs(sweep: list[int], ceiling: int, policies: list[str],
+              policy_params: dict[str, dict] | None = None) -> list[RouterRun]:
+    """The sweep of the real vLLM Router, then every router at the permissive ceiling; our
+    policies with :data:`REPLAY_PARAMS` and ``policy_params[policy]`` (named in the label)."""
     runs = [RouterRun(f"vllm-router c={c}", "vllm", "cache_aware", c, sweep=True) for c in sweep]
     if ceiling not in sweep:
         runs.append(RouterRun(f"vllm-router c={ceiling}", "vllm", "cache_aware", ceiling))
-    runs += [RouterRun(f"{p} c={ceiling}", "ours", p, ceiling, params=dict(REPLAY_PARAMS.get(p, {})))
-             for p in policies]
+    for p in policies:
+        extra = (policy_params or {}).get(p, {})
+        named = "[" + ",".join(f"{k}={v}" for k, v in extra.items()) + "]" if extra else ""
+        runs.append(RouterRun(f"{p}{named} c={ceiling}", "ours", p, ceiling,
+                              params={**REPLAY_PARAMS.get(p, {}), **extra}))
     return runs
+
+
+def parse_policy_params(items: list[str], policies: list[str]) -> dict[str, dict]:
+    """``--policy-param POLICY.KEY=VALUE`` values as ``{policy: {key: value}}`` (VALUE read as
+    YAML: 1.25, true, ...).
+
+    Raises:
+        SystemExit: an item of another shape, or for a policy not in ``policies``.
+    """
+    import yaml
+
+    out: dict[str, dict] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        policy, dot, key = name.partition(".")
+        if not (sep and dot and key):
+            raise usage_error(f"--policy-param {item!r}: give POLICY.KEY=VALUE, e.g. "
+                              "--policy-param kv_horizon.target_usage=1.25")
+        if policy not in policies:
+            raise usage_error(f"--policy-param {item!r}: {policy!r} is not in --policies ({', '.join(policies)})")
+        try:
+            out.setdefault(policy, {})[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise usage_error(f"--policy-param {item!r}: {value!r} is not a value") from None
+    return out
 
 
 # ----------------------------------------------------------------------------- engines
@@ -580,6 +610,9 @@ def main() -> None:
     parser.add_argument("--ceiling", type=int, default=96, help="the common permissive ceiling")
     parser.add_argument("--policies", default="misa_t,kv_horizon",
                         help="our policies to run at the permissive ceiling")
+    parser.add_argument("--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
+                        help="an option of one of --policies, repeatable (e.g. kv_horizon.target_usage=1.25); "
+                             "the run's label names it")
     parser.add_argument("--kv-tokens", type=int, default=8192, help="KV cache per engine, tokens")
     parser.add_argument("--max-model-len", type=int, default=2048, help="engine context limit, tokens")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine per-step token budget")
@@ -623,8 +656,9 @@ def main() -> None:
         sim_only = sorted(set(registered_policy_names()) - set(POLICY_NAMES))
         raise usage_error(f"--policies: unknown {unknown}; valid: {', '.join(POLICY_NAMES)} "
                           f"({', '.join(sim_only)} run in the simulator only)")
+    policy_params = parse_policy_params(args.policy_param, policies)
     try:
-        runs = plan_runs(sweep, args.ceiling, policies)
+        runs = plan_runs(sweep, args.ceiling, policies, policy_params)
         for r in runs:
             r.sim_policy()  # unknown policy names and bad params fail here, before engines start
     except (ValueError, KeyError, TypeError) as e:
@@ -735,7 +769,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 write_trace(res.recorded_trace(), run_dir / "recorded_trace.jsonl")
                 (run_dir / "errors.txt").write_text("\n".join(res.errors))
                 results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
-                                "sweep": run.sweep, "real": res.summary, "real_after_warmup": res.after_warmup,
+                                "sweep": run.sweep, "params": run.params, "real": res.summary, "real_after_warmup": res.after_warmup,
                                 "router_decisions": decisions,
                                 "errors": res.errors,
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
@@ -835,7 +869,10 @@ def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
     except (ValueError, KeyError, TypeError, SimError) as e:
         what = f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
         raise usage_error(f"--resimulate {run_dir}: not a finished run's results ({what}); {want}") from None
-    runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"])) for r in results]
+    # the options each run had (runs saved before they were recorded: the replay's own)
+    runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"]),
+                      params=dict(r.get("params", REPLAY_PARAMS.get(r["policy"], {}) if r["impl"] == "ours" else {})))
+            for r in results]
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
     for r in results:  # runs saved before the regime figures existed get them from their timeline
         if "regime" not in r:

@@ -103,7 +103,10 @@ class KvHorizonConfig:
 
     target_usage: float = 0.92
     """U: share of an instance's KV blocks the reservations may fill. vLLM preempts only at
-    100%; 8% covers estimate error and the blocks of requests between two metric samples."""
+    100%; 8% covers estimate error and the blocks of requests between two metric samples.
+    Up to 2: above 1 the reservations overcommit the cache (a bet that not every session
+    grows at once, where batching pays more than the engine's preemptions cost); give
+    ``min_target_usage`` the same value or preemptions back it off below 1 at once."""
     min_target_usage: float = 0.6
     """Lowest U_w the preemption backoff goes to (below it, admission would idle the engine)."""
     backoff: float = 0.95
@@ -219,8 +222,8 @@ class KvHorizonConfig:
 
     def __post_init__(self) -> None:
         bad = []
-        if not 0 < self.min_target_usage <= self.target_usage <= 1:
-            bad.append("need 0 < min_target_usage <= target_usage <= 1")
+        if not 0 < self.min_target_usage <= self.target_usage <= 2:
+            bad.append("need 0 < min_target_usage <= target_usage <= 2")
         if not 0 < self.backoff < 1 or not 0 < self.rate_smoothing <= 1 or not 0 < self.output_quantile <= 1:
             bad.append("backoff must be in (0, 1), rate_smoothing and output_quantile in (0, 1]")
         if not 0 < self.footprint_prior_share <= 1:

@@ -29,6 +29,11 @@ def test_plan_sweeps_the_vllm_router_then_runs_every_router_at_the_permissive_ce
         == (launched["cache_threshold"], launched["balance_abs_threshold"], launched["balance_rel_threshold"])
     # The permissive ceiling already swept is not run twice.
     assert len(plan_runs([8, 32], 32, ["misa_t"])) == 3
+    # --policy-param options go to the live router and the simulator alike, named in the label
+    over = plan_runs([8], 32, ["kv_horizon"], {"kv_horizon": {"target_usage": 1.25, "min_target_usage": 1.25}})[-1]
+    assert over.label == "kv_horizon[target_usage=1.25,min_target_usage=1.25] c=32"
+    assert over.router_cfg()["params"] == {"request_bound": False, "target_usage": 1.25, "min_target_usage": 1.25}
+    assert over.sim_policy().config.target_usage == 1.25 and over.sim_policy().config.request_bound is False
 
 
 def test_cpu_workload_keeps_the_paper_shape():
@@ -70,6 +75,11 @@ def test_engine_args_reach_both_engines_after_the_recipes_own():
     (["--seeds", "1,1"], "--seeds: each seed once"),
     (["--seeds", "-1"], "--seeds: expected integers >= 0 like 0,1,2"),
     (["--engine-arg=enable-scale-out"], "--engine-arg 'enable-scale-out': give a `vllm serve` option with its dashes"),
+    (["--policy-param", "kv_horizon"], "--policy-param 'kv_horizon': give POLICY.KEY=VALUE"),
+    (["--policies", "kv_horizon", "--policy-param", "misa_t.k_quantile=0.5"], "'misa_t' is not in --policies"),
+    (["--policies", "kv_horizon", "--policy-param", "kv_horizon.nosuch=1"], "--policies: "),
+    (["--policies", "kv_horizon", "--policy-param", "kv_horizon.target_usage=2.5"],
+     "need 0 < min_target_usage <= target_usage <= 2"),
 ])
 def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     p = subprocess.run([sys.executable, "-m", "bench.router_real", *args], cwd=REPO_ROOT, capture_output=True,
