@@ -40,7 +40,7 @@ from agents.loop import (DEFAULT_DEMONSTRATIONS, DEFAULT_SYSTEM_PROMPT, TOOL_LIS
 from rollout.client import ModelClient
 from router.headers import SessionHeaders
 from agents.toolcall import ToolCallFormat
-from common.config import Rule, check_values, hydra_entry, is_text, number, or_null, register_user_error
+from common.config import Rule, check_values, compose, hydra_entry, is_text, number, or_null, register_user_error
 from common.options import build_options
 from common.process import listening_socket
 from common.urls import url_problem
@@ -442,8 +442,14 @@ def serve(cfg: DictConfig) -> None:
         ConfigError: a value of the wrong type or range (``VALUE_RULES``), or an address
             that cannot be served on (a port in use).
         UnknownAgentServerOption: an option name added with ``+`` that does not exist.
+        AgentServerError: a top-level key added with ``+`` that the recipe does not have.
         AgentServerError, TaskError, SandboxError: other bad configuration.
     """
+    base = compose("agent_server")  # its recipe's keys; `+name=value` must not add one it would ignore
+    added = sorted(str(k) for k in cfg if k not in base)
+    if added:
+        raise AgentServerError(f"unknown config key '{added[0]}': the agent server has no such option. "
+                               f"Valid keys: {', '.join(sorted(str(k) for k in base))}.")
     check_values(cfg, VALUE_RULES)
     episode_config(cfg).isolation.check()
     _options(ChatFormat, cfg.chat_format, "chat_format")

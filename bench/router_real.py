@@ -51,6 +51,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -193,7 +194,7 @@ def plan_runs(sweep: list[int], ceiling: int, policies: list[str],
         runs.append(RouterRun(f"vllm-router c={ceiling}", "vllm", "cache_aware", ceiling))
     for p in policies:
         extra = (policy_params or {}).get(p, {})
-        named = "[" + ",".join(f"{k}={v}" for k, v in extra.items()) + "]" if extra else ""
+        named = "(" + ",".join(f"{k}={v}" for k, v in extra.items()) + ")" if extra else ""  # no [ ]: rich markup
         runs.append(RouterRun(f"{p}{named} c={ceiling}", "ours", p, ceiling,
                               params={**REPLAY_PARAMS.get(p, {}), **extra}))
     return runs
@@ -633,7 +634,14 @@ def main() -> None:
         if not args.resimulate.is_dir():
             raise usage_error(f"--resimulate {args.resimulate}: no such folder; give the folder of a finished "
                               "python -m bench.router_real run (runs/bench/router-real-<time>)")
-        seed_dirs = sorted(p for p in args.resimulate.glob("seed-*") if p.is_dir())
+        seed_dirs = sorted((p for p in args.resimulate.glob("seed-*")
+                            if p.is_dir() and re.fullmatch(r"seed-\d+", p.name)),
+                           key=lambda p: int(p.name.removeprefix("seed-")))  # not seed-1-old/
+        for d in seed_dirs or [args.resimulate]:  # every folder checked before any is rewritten
+            for name in ("results.json", "trace.jsonl"):
+                if not (d / name).is_file():
+                    raise usage_error(f"--resimulate {d}: no {name} there; give the folder of a finished "
+                                      "python -m bench.router_real run (results.json, trace.jsonl)")
         per_seed, minutes, warmup = [], 0.0, 0.0
         for d in seed_dirs or [args.resimulate]:
             results, minutes, warmup = resimulate(d)
@@ -649,6 +657,9 @@ def main() -> None:
         raise usage_error(f"--seeds: each seed once, got {args.seeds!r}")
     sweep = _parse_ints(args.sweep, "--sweep")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for name, values in (("--sweep", sweep), ("--policies", policies)):
+        if len(set(values)) != len(values):  # two runs of one label would share a folder
+            raise usage_error(f"{name}: each value once, got {getattr(args, name[2:])!r}")
     # Only the live router's policies: the simulator's own are registered in this process
     # (router.sim) but not in the router it starts.
     unknown = [p for p in policies if p not in POLICY_NAMES]

@@ -245,7 +245,10 @@ def parse_args(argv=None, device: str | None = None, prog: str = "python -m benc
     ap.add_argument("--timeout-s", type=float, default=540)
     ap.add_argument("--rank-of-run", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if any(r < 1 for r in args.ranks):
+        ap.error(f"--ranks: every rank count must be >= 1, got {args.ranks}")
+    return args
 
 
 def main(device: str | None = None, prog: str = "python -m bench.sharded_learner",

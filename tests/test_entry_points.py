@@ -215,6 +215,9 @@ def test_sharded_learner_parser_offers_device_only_where_it_is_not_fixed(capsys)
     gpu = dict(device="cuda", prog="python -m bench.sharded_learner_gpu")
     assert parse_args(["--layers", "8"], **gpu).device == "cuda"
     with pytest.raises(SystemExit) as e:
+        parse_args(["--ranks", "0"])  # was a ZeroDivisionError once started
+    assert e.value.code == EXIT_USAGE and "--ranks: every rank count must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
         parse_args(["--device", "cpu"], **gpu)
     assert e.value.code == EXIT_USAGE
     assert capsys.readouterr().err.splitlines()[-1] == (

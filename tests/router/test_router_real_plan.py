@@ -31,7 +31,7 @@ def test_plan_sweeps_the_vllm_router_then_runs_every_router_at_the_permissive_ce
     assert len(plan_runs([8, 32], 32, ["misa_t"])) == 3
     # --policy-param options go to the live router and the simulator alike, named in the label
     over = plan_runs([8], 32, ["kv_horizon"], {"kv_horizon": {"target_usage": 1.25, "min_target_usage": 1.25}})[-1]
-    assert over.label == "kv_horizon[target_usage=1.25,min_target_usage=1.25] c=32"
+    assert over.label == "kv_horizon(target_usage=1.25,min_target_usage=1.25) c=32"
     assert over.router_cfg()["params"] == {"request_bound": False, "target_usage": 1.25, "min_target_usage": 1.25}
     assert over.sim_policy().config.target_usage == 1.25 and over.sim_policy().config.request_bound is False
 
@@ -76,6 +76,8 @@ def test_engine_args_reach_both_engines_after_the_recipes_own():
     (["--seeds", "-1"], "--seeds: expected integers >= 0 like 0,1,2"),
     (["--engine-arg=enable-scale-out"], "--engine-arg 'enable-scale-out': give a `vllm serve` option with its dashes"),
     (["--policy-param", "kv_horizon"], "--policy-param 'kv_horizon': give POLICY.KEY=VALUE"),
+    (["--sweep", "16,16"], "--sweep: each value once, got '16,16'"),
+    (["--policies", "kv_horizon,kv_horizon"], "--policies: each value once"),
     (["--policies", "kv_horizon", "--policy-param", "misa_t.k_quantile=0.5"], "'misa_t' is not in --policies"),
     (["--policies", "kv_horizon", "--policy-param", "kv_horizon.nosuch=1"], "--policies: "),
     (["--policies", "kv_horizon", "--policy-param", "kv_horizon.target_usage=2.5"],
@@ -149,6 +151,19 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert multi.returncode == 0, multi.stderr
     summary = (tmp_path / "multi" / "summary.md").read_text()
+    # a backup folder beside the seeds is not a seed; a seed without its trace is refused
+    # before any folder is rewritten
+    shutil.copytree(tmp_path / "multi" / "seed-1", tmp_path / "multi" / "seed-1-old")
+    (tmp_path / "multi" / "seed-1-old" / "trace.jsonl").unlink()
+    again = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "multi")],
+                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr
+    (tmp_path / "multi" / "seed-1" / "trace.jsonl").unlink()
+    before = (tmp_path / "multi" / "seed-0" / "results.json").stat().st_mtime_ns
+    broken = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "multi")],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert broken.returncode == 2 and "seed-1: no trace.jsonl there" in broken.stderr, broken.stderr
+    assert (tmp_path / "multi" / "seed-0" / "results.json").stat().st_mtime_ns == before
     assert "2 seed(s) [0, 1]" in summary and "vllm-router c=4 | " in summary
     assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +0.0% ± 0.0 samples/min" in summary
     assert json.loads((tmp_path / "multi" / "summary.json").read_text())["baseline"] == "vllm-router c=4"
