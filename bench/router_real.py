@@ -638,10 +638,7 @@ def main() -> None:
                             if p.is_dir() and re.fullmatch(r"seed-\d+", p.name)),
                            key=lambda p: int(p.name.removeprefix("seed-")))  # not seed-1-old/
         for d in seed_dirs or [args.resimulate]:  # every folder checked before any is rewritten
-            for name in ("results.json", "trace.jsonl"):
-                if not (d / name).is_file():
-                    raise usage_error(f"--resimulate {d}: no {name} there; give the folder of a finished "
-                                      "python -m bench.router_real run (results.json, trace.jsonl)")
+            check_run_folder(d)
         per_seed, minutes, warmup = [], 0.0, 0.0
         for d in seed_dirs or [args.resimulate]:
             results, minutes, warmup = resimulate(d)
@@ -854,6 +851,16 @@ def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None
         indent=1))
 
 
+_WANT_RUN = "give the folder of a finished python -m bench.router_real run (results.json, trace.jsonl)"
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """Raise SystemExit (a usage error) unless ``run_dir`` holds a seed's results.json and trace.jsonl."""
+    for name in ("results.json", "trace.jsonl"):
+        if not (run_dir / name).is_file():
+            raise usage_error(f"--resimulate {run_dir}: no {name} there; {_WANT_RUN}")
+
+
 def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
     """Redo the simulator half of one seed's finished benchmark in ``run_dir`` with the current
     simulator, profile fit and policy settings (its real figures, trace and measured steps
@@ -865,10 +872,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
     Raises:
         SystemExit: ``run_dir`` is not a finished ``bench.router_real`` seed folder.
     """
-    want = "give the folder of a finished python -m bench.router_real run (results.json, trace.jsonl)"
-    for name in ("results.json", "trace.jsonl"):
-        if not (run_dir / name).is_file():
-            raise usage_error(f"--resimulate {run_dir}: no {name} there; {want}")
+    check_run_folder(run_dir)
     try:
         saved = json.loads((run_dir / "results.json").read_text())
         args = saved["args"]
@@ -879,7 +883,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
         trace = read_trace(run_dir / "trace.jsonl")
     except (ValueError, KeyError, TypeError, SimError) as e:
         what = f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise usage_error(f"--resimulate {run_dir}: not a finished run's results ({what}); {want}") from None
+        raise usage_error(f"--resimulate {run_dir}: not a finished run's results ({what}); {_WANT_RUN}") from None
     # the options each run had (runs saved before they were recorded: the replay's own)
     runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"]),
                       params=dict(r.get("params", REPLAY_PARAMS.get(r["policy"], {}) if r["impl"] == "ours" else {})))

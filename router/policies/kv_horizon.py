@@ -292,8 +292,8 @@ class _InstanceLoad:
 
     __slots__ = ("running", "sum_start_s", "prompt_blocks", "running_by_class", "idle_blocks", "idle_by_class",
                  "sessions_by_class", "floor_by_class", "target", "rate", "last_metrics", "last_sample_s", "recent",
-                 "recent_blocks", "closing_by_class", "closing_growth", "closing_peak", "grown_running",
-                 "grown_idle", "start_by_class", "growing_count", "growing")
+                 "recent_blocks", "closing_by_class", "closing_growth", "closing_peak", "grown",
+                 "start_by_class", "growing_count", "growing")
 
     def __init__(self, target: float, rate: float) -> None:
         self.running = 0
@@ -314,11 +314,10 @@ class _InstanceLoad:
         self.closing_by_class: dict[str, int] = {}
         self.closing_growth: dict[str, float] = {}  # Σ max_tokens / block_size
         self.closing_peak: dict[str, float] = {}  # Σ own prompt blocks + max_tokens / block_size
-        # growth_remaining, per class: Σ grown_blocks of growing running / idle sessions, Σ start_s
-        # and count of growing running ones (a running request is growing until it decoded G_b),
-        # and the growing ones in start order (entries of requests that stopped are skipped)
-        self.grown_running: dict[str, float] = {}
-        self.grown_idle: dict[str, float] = {}
+        # growth_remaining, per class: Σ grown_blocks of idle sessions and growing running ones
+        # (a running request is growing until it decoded G_b), Σ start_s and count of the growing
+        # running ones, and those in start order (entries of requests that stopped are skipped)
+        self.grown: dict[str, float] = {}
         self.start_by_class: dict[str, float] = {}
         self.growing_count: dict[str, int] = {}
         self.growing: dict[str, deque[tuple[float, _Session]]] = {}
@@ -422,7 +421,7 @@ class KvHorizonPolicy:
             if rec.growing and rec.start_s == start_s:
                 self._ungrow(rec, load)
         running = load.growing_count.get(workload_class, 0)
-        grown = load.grown_running.get(workload_class, 0.0) + load.grown_idle.get(workload_class, 0.0)
+        grown = load.grown.get(workload_class, 0.0)
         decoded = load.rate * max(0.0, running * now - load.start_by_class.get(workload_class, 0.0)) / bs
         return max(0.0, (running + idle) * whole - grown - decoded)
 
@@ -604,14 +603,14 @@ class KvHorizonPolicy:
         load.idle_blocks += rec.last_blocks
         _bump(load.idle_by_class, rec.workload_class, 1)
         rec.grown_blocks = self._grown(rec, rec.last_blocks)
-        _bump(load.grown_idle, rec.workload_class, rec.grown_blocks)
+        _bump(load.grown, rec.workload_class, rec.grown_blocks)
         self._idle.pop(rec.session_id, None)
         self._idle[rec.session_id] = rec
 
     def _idle_remove(self, rec: _Session, load: _InstanceLoad) -> None:
         load.idle_blocks -= rec.last_blocks
         _bump(load.idle_by_class, rec.workload_class, -1)
-        _bump(load.grown_idle, rec.workload_class, -rec.grown_blocks)
+        _bump(load.grown, rec.workload_class, -rec.grown_blocks)
         self._idle.pop(rec.session_id, None)
 
     def _unbind(self, rec: _Session) -> None:
@@ -641,7 +640,7 @@ class KvHorizonPolicy:
         _bump(load.running_by_class, rec.workload_class, 1)
         if self.config.growth_remaining:
             rec.grown_blocks, rec.growing = self._grown(rec, prompt_blocks), True
-            _bump(load.grown_running, rec.workload_class, rec.grown_blocks)
+            _bump(load.grown, rec.workload_class, rec.grown_blocks)
             _bump(load.start_by_class, rec.workload_class, now)
             _bump(load.growing_count, rec.workload_class, 1)
             load.growing.setdefault(rec.workload_class, deque()).append((now, rec))
@@ -664,7 +663,7 @@ class KvHorizonPolicy:
     @staticmethod
     def _ungrow(rec: _Session, load: _InstanceLoad) -> None:
         """``rec``'s running request leaves the growing sums (it stopped, or decoded G_b)."""
-        _bump(load.grown_running, rec.workload_class, -rec.grown_blocks)
+        _bump(load.grown, rec.workload_class, -rec.grown_blocks)
         _bump(load.start_by_class, rec.workload_class, -rec.start_s)
         _bump(load.growing_count, rec.workload_class, -1)
         rec.growing = False

@@ -408,5 +408,5 @@ def test_a_request_decoding_past_its_class_growth_does_not_lower_another_session
         r = req(sid, tokens=320, session_end=True)
         p.observe(RequestFinished(r, "w0", 51.0, prompt_tokens=320, completion_tokens=10))
     load = p._load("w0")
-    assert (load.growing_count, load.grown_running, load.start_by_class) == ({}, {}, {})
+    assert (load.growing_count, load.grown, load.start_by_class) == ({}, {}, {})
     assert p.reserved_blocks("w0", 51.0) == pytest.approx(0.0)
