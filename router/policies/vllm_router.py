@@ -12,10 +12,14 @@ it is here. ``match_rule`` picks between the two selection paths that release ha
    the token ids. If any healthy worker gave no tokens, the request goes to the
    least-loaded worker (``missing_tokens``). vLLM refuses render (403) unless started
    with ``--enable-scale-out``, so with vLLM's defaults *every* request takes that branch
-   (measured by ``bench.router_real`` from the router's own counters). The simulator has
+   (measured by ``bench.router_real`` from the router's own counters). Such a placement
+   teaches the tree nothing (the router had no key to insert). The simulator has
    the tokens (its synthesised text stands for them); ``missing_tokens_share`` of requests
-   take the branch at random (default 0, the engines started with scale-out;
-   ``bench.router_real`` passes each run's measured share).
+   take the branch at random (default 0, the engines started with scale-out), or, to
+   mimic one measured run, the first request decided at or after each of
+   ``missing_tokens_at_s`` (``bench.router_real`` passes the times the real router took
+   the branch: they come in bursts, when a busy engine's frontend stalls, which a uniform
+   share does not reproduce).
 2. **Load** is in-flight requests per *healthy* worker. **Imbalance**: ``(max - min) >
    balance_abs_threshold`` AND ``max > min * balance_rel_threshold``.
 3. Each healthy worker's own match: how far the text goes into the tree along nodes that
@@ -45,6 +49,7 @@ size 33,554,432. Written for this project from reading that source; no code is s
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -84,6 +89,9 @@ class VllmRouterConfig:
     missing_tokens_share: float = 0.0
     """``per_worker`` only: share of requests whose tokens some worker did not return in
     time, placed on the least-loaded worker (chosen at random, seeded)."""
+    missing_tokens_at_s: tuple[float, ...] = ()
+    """``per_worker`` only: times (s, the caller's clock) at which the next request decided
+    takes the ``missing_tokens`` branch, one request per entry (a measured run's times)."""
     seed: int = 0
     """Seed of the ``missing_tokens_share`` draws."""
     session_ttl_s: float = 3600.0
@@ -96,6 +104,12 @@ class VllmRouterConfig:
             raise ValueError(f"match_rule must be 'per_worker' or 'tree_owner', got {self.match_rule!r}")
         if not 0.0 <= self.missing_tokens_share <= 1.0:
             raise ValueError(f"missing_tokens_share must be in [0, 1], got {self.missing_tokens_share}")
+        times = tuple(float(t) for t in self.missing_tokens_at_s)
+        if any(not (math.isfinite(t) and t >= 0) for t in times):
+            raise ValueError(f"missing_tokens_at_s must be finite times >= 0, got {self.missing_tokens_at_s}")
+        if times and self.missing_tokens_share > 0:
+            raise ValueError("give missing_tokens_share or missing_tokens_at_s, not both")
+        object.__setattr__(self, "missing_tokens_at_s", tuple(sorted(times)))
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 0:
@@ -126,6 +140,7 @@ class VllmRouterPolicy:
         self.decisions: dict[str, int] = {}
         self._next_eviction_s: float | None = None
         self._rng = random.Random(self.config.seed)
+        self._missing_next = 0  # index of the next unused entry of missing_tokens_at_s
 
     # ------------------------------------------------------------------ decide
     def decide(self, request: Request, view: ClusterView, now: float) -> Decision:
@@ -137,10 +152,10 @@ class VllmRouterPolicy:
             return Hold(self.config.no_healthy_recheck_s, reason="no healthy instance")
         text = request.prompt_text
         if self.config.match_rule == "per_worker":
-            chosen, decision = self._per_worker(text, healthy)
+            chosen, decision = self._per_worker(text, healthy, now)
         else:
             chosen, decision = self._tree_owner(request, view, healthy, now)
-        if text:
+        if text and decision != "missing_tokens":  # select_prepared returns before it inserts
             self.tree.insert(text, chosen.instance)
         self.decisions[decision] = self.decisions.get(decision, 0) + 1
         self.stats.admits += 1
@@ -164,11 +179,15 @@ class VllmRouterPolicy:
             self.sessions[request.session_id] = (chosen.instance, now)
         return chosen, decision
 
-    def _per_worker(self, text: str, healthy: tuple[InstanceView, ...]) -> tuple[InstanceView, str]:
+    def _per_worker(self, text: str, healthy: tuple[InstanceView, ...], now: float) -> tuple[InstanceView, str]:
         """0.1.17's ``select_prepared``: each healthy worker's own match rate; the least-loaded
         worker among the best-rate ones when balanced and above ``cache_threshold``, else
         among all."""
         cfg = self.config
+        due = cfg.missing_tokens_at_s
+        if self._missing_next < len(due) and due[self._missing_next] <= now:
+            self._missing_next += 1
+            return least_loaded(healthy), "missing_tokens"
         if cfg.missing_tokens_share > 0 and self._rng.random() < cfg.missing_tokens_share:
             return least_loaded(healthy), "missing_tokens"
         loads = [v.in_flight for v in healthy]  # healthy workers only, on this path

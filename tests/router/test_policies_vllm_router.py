@@ -197,5 +197,28 @@ def test_missing_tokens_go_least_loaded_at_the_configured_share() -> None:
     assert 150 < half.decisions["missing_tokens"] < 250
     with pytest.raises(ValueError, match="missing_tokens_share"):
         per_worker(missing_tokens_share=1.5)
+
+
+def test_missing_tokens_at_measured_times_take_the_next_request_each() -> None:
+    """A measured run's missing_tokens times: the first request decided at or after each
+    time goes least loaded, one request per entry; every other request is matched."""
+    policy = per_worker(missing_tokens_at_s=[5.0, 2.0, 2.0])  # unsorted on purpose
+    policy.decide(req(SYS + "task A"), loads(w0=0, w1=0), 0.0)  # w0 learns SYS
+    d = policy.decide(req(SYS + "task B"), loads(w0=1, w1=0), 1.0)
+    assert (d.instance, d.reason) == ("w0", "prefix_hit")  # before 2 s: matched
+    reasons = [policy.decide(req(SYS + f"task {k}"), loads(w0=3, w1=0), t).reason
+               for k, t in enumerate((2.5, 2.6, 3.0, 6.0, 7.0))]
+    assert reasons == ["missing_tokens", "missing_tokens", "prefix_hit", "missing_tokens", "prefix_hit"]
+    assert policy.decisions["missing_tokens"] == 3
+    # a placement without tokens teaches the tree nothing (select_prepared returns before it inserts)
+    blind = per_worker(missing_tokens_at_s=[0.0])
+    assert blind.decide(req(SYS + "task A"), loads(w0=1, w1=0), 0.0).reason == "missing_tokens"
+    assert sum(blind.state()["tree_chars"].values()) == 0
+    d = blind.decide(req(SYS + "task A"), loads(w0=0, w1=2), 1.0)
+    assert (d.instance, d.reason) == ("w0", "prefix_miss")  # w1 was sent it but never learnt it
+    with pytest.raises(ValueError, match="not both"):
+        per_worker(missing_tokens_at_s=[1.0], missing_tokens_share=0.1)
+    with pytest.raises(ValueError, match="finite times >= 0"):
+        per_worker(missing_tokens_at_s=[-1.0])
     with pytest.raises(ValueError, match="match_rule"):
         per_worker(match_rule="nope")
