@@ -69,7 +69,7 @@ from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
-from router.launch import start_router
+from router.launch import VLLM_ROUTER_LOG_LEVELS, start_router
 from router.policies import POLICY_NAMES, make_policy, registered_policy_names
 from router.replay import ReplayError, WordText, replay, scrape_engines
 from router.sim.calibrate import measure_step_samples, step_samples_from_timeline
@@ -132,20 +132,22 @@ class RouterRun:
         cfg["params"] = {**(cfg.get("params") or {}), **self.params}
         return cfg
 
-    def sim_policy(self, missing_tokens_share: float = 0.0):
+    def sim_policy(self, missing_tokens_share: float = 0.0, missing_tokens_at_s: list[float] | None = None):
         """The same policy for the simulator. The real vLLM Router is its point-by-point
         mimic ``vllm_router`` (router/policies/vllm_router.py: an approximate text tree per
         worker, never told about evictions) with the thresholds this run launched it with
-        and the share of requests the real one placed without tokens (``missing_tokens``,
-        measured from its metrics: the engines did not tokenize the prompt within its 1 s
-        budget, which the simulator does not model); the simulator synthesises the prompt
-        text it matches on (router/sim/prompt_text.py)."""
+        and the requests the real one placed without tokens (``missing_tokens``: an engine did
+        not tokenize the prompt within its 1 s budget, which the simulator does not model):
+        at the times the run measured them (``missing_tokens_at_s``), or, for runs saved
+        before those were sampled, as a share drawn at random; the simulator synthesises the
+        prompt text it matches on (router/sim/prompt_text.py)."""
         if self.impl == "vllm":
             cfg = self.router_cfg()
+            missing = ({"missing_tokens_at_s": list(missing_tokens_at_s)} if missing_tokens_at_s is not None
+                       else {"missing_tokens_share": missing_tokens_share})
             return make_policy("vllm_router", {
                 **{k: cfg[k] for k in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
-                                       "eviction_interval_s", "max_tree_size") if k in cfg},
-                "missing_tokens_share": missing_tokens_share})
+                                       "eviction_interval_s", "max_tree_size") if k in cfg}, **missing})
         return make_policy(self.policy, self.router_cfg()["params"])
 
 
@@ -155,34 +157,10 @@ REPLAY_PARAMS = {"kv_horizon": {"request_bound": False}}
 length in advance, which no trainer's request tells it."""
 
 
-ROUTER_DECISIONS = "vllm_router_prefix_routing_decisions_total"
-"""vllm-router 0.1.17's counter of cache_aware placements, labelled ``outcome``:
-prefix_hit, prefix_miss, load_imbalance, missing_tokens."""
-
-
-def router_decisions(metrics_text: str) -> dict[str, int]:
-    """``{outcome: count}`` of :data:`ROUTER_DECISIONS` in a vllm-router ``/metrics`` page
-    (summed over its other labels); ``{}`` when the page has none."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, int] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name == ROUTER_DECISIONS and "outcome" in sample.labels:
-                out[sample.labels["outcome"]] = out.get(sample.labels["outcome"], 0) + int(sample.value)
-    return out
-
-
 def missing_tokens_share(decisions: dict[str, int] | None) -> float:
     """Share of placements the real router made without tokens (0 when none were counted)."""
     total = sum((decisions or {}).values())
     return (decisions or {}).get("missing_tokens", 0) / total if total else 0.0
-
-
-async def _fetch_text(url: str) -> str:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        async with http.get(url) as r:
-            return await r.text()
 
 
 def plan_runs(sweep: list[int], ceiling: int, policies: list[str],
@@ -396,8 +374,8 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
         return []
     return ["### How the vLLM Router placed requests (whole run, % of placements over seeds)", "",
             "prefix hit / prefix miss / missing tokens (an engine did not return the prompt's tokens, refused or not within the router's "
-            "1 s: least loaded) / load imbalance. The simulator's mimic takes each run's measured missing-tokens "
-            "share as an input.", "",
+            "1 s: least loaded) / load imbalance. The simulator's mimic takes the times each run measured "
+            "its missing tokens at (runs saved before they were sampled: their share, drawn at random) as an input.", "",
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
 
 
@@ -621,6 +599,9 @@ def main() -> None:
                         help="an extra `vllm serve` option for both engines, repeatable, joined by '=' "
                              "(--engine-arg=--enable-scale-out: vLLM then answers the vLLM Router's "
                              "/v1/completions/render, which it refuses by default, and the router routes by prefix)")
+    parser.add_argument("--router-log-level", default="info", choices=VLLM_ROUTER_LOG_LEVELS,
+                        help="vllm-router's --log-level; debug writes each placement (selected worker, match "
+                             "rate) into the run's router.log")
     parser.add_argument("--tool-gap-share", type=float, default=0.25, help="tool time / agent session time")
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
     parser.add_argument("--seeds", default="0,1,2", help="trace generator seeds, comma-separated: each seed replays "
@@ -746,7 +727,10 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 asyncio.run(_reset_prefix_caches(urls))
                 run_dir = sdir / run.label.replace(" ", "_").replace("=", "")
                 run_dir.mkdir(exist_ok=True)
-                router = start_router(run.router_cfg(), urls, [e for e in pool.kv_events_endpoints if e],
+                router_cfg = run.router_cfg()
+                if run.impl == "vllm":
+                    router_cfg["log_level"] = args.router_log_level
+                router = start_router(router_cfg, urls, [e for e in pool.kv_events_endpoints if e],
                                       str(model_path), run_dir)
                 # A bar on a terminal; into a log one plain line per finished run (no redraws).
                 bar = tqdm(total=int(args.minutes * 60), desc=f"seed {seed} {run.label}", unit="s", file=sys.stderr,
@@ -759,14 +743,11 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
 
                     res = replay(router.url, served, traces[seed], MIXTURE, run.ceiling, args.minutes * 60, text,
                                  urls, progress=progress, router_state=run.impl == "ours",
-                                 warmup_s=args.warmup_minutes * 60)
-                    decisions = None
-                    if run.impl == "vllm" and router.metrics_url:
-                        try:
-                            decisions = router_decisions(asyncio.run(_fetch_text(f"{router.metrics_url}/metrics")))
-                        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-                            print(f"seed {seed} {run.label}: its /metrics did not answer ({e!r}); "
-                                  "the simulator assumes every prompt was tokenized", file=sys.stderr)
+                                 warmup_s=args.warmup_minutes * 60,
+                                 router_metrics_url=router.metrics_url if run.impl == "vllm" else None)
+                    if run.impl == "vllm" and res.router_decisions is None:
+                        print(f"seed {seed} {run.label}: its /metrics never answered; "
+                              "the simulator assumes every prompt was tokenized", file=sys.stderr)
                 finally:
                     bar.close()
                     router.stop()
@@ -778,7 +759,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 (run_dir / "errors.txt").write_text("\n".join(res.errors))
                 results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
                                 "sweep": run.sweep, "params": run.params, "real": res.summary, "real_after_warmup": res.after_warmup,
-                                "router_decisions": decisions,
+                                "router_decisions": res.router_decisions, "missing_tokens_s": res.missing_tokens_s,
                                 "errors": res.errors,
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
@@ -820,13 +801,14 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
     for i, (r, run) in enumerate(zip(tqdm(results, desc="simulator replay", file=sys.stderr,
                                           disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
+        missing_at = r.get("missing_tokens_s")  # measured times; runs saved before: the share
 
         def replay_sim(profile, warmup_s: float = 0.0, keep_decisions: bool = False) -> dict:
             cfg = SimConfig(instances=instances, engine=sim_cfg, cost=profile, mixture=dict(MIXTURE),
                             ceiling=run.ceiling, context_limit_tokens=max_model_len, warmup_frac=0.0,
                             signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
                             horizon_s=minutes * 60, seed=seed, warmup_s=warmup_s)
-            policy = run.sim_policy(share)
+            policy = run.sim_policy(share, missing_at)
             summary = Simulation(cfg, trace, policy).run().summary
             if keep_decisions:
                 r["sim_decisions"] = dict(getattr(policy, "decisions", {}))

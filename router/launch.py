@@ -67,6 +67,10 @@ def _vllm_router_binary() -> str:
     return found
 
 
+VLLM_ROUTER_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""``vllm-router --log-level`` choices (0.1.17); ``router.log_level`` of ``recipes/router/vllm.yaml``."""
+
+
 def router_argv(
     router_cfg: Mapping[str, Any],
     engine_urls: Sequence[str],
@@ -96,6 +100,10 @@ def router_argv(
         raise RouterConfigError(problem)
     urls = normalize_engine_urls(engine_urls)
     if impl == "vllm":
+        log_level = str(router_cfg.get("log_level", "info"))
+        if log_level not in VLLM_ROUTER_LOG_LEVELS:
+            raise RouterConfigError(f"router.log_level {log_level!r} is not one of vllm-router's levels: "
+                                    f"{', '.join(VLLM_ROUTER_LOG_LEVELS)}")
         timeout = ([] if request_timeout_s is None
                    else ["--request-timeout-secs", str(max(1, round(float(request_timeout_s))))])
         return [
@@ -107,6 +115,7 @@ def router_argv(
             "--eviction-interval-secs", str(router_cfg["eviction_interval_s"]),
             "--max-tree-size", str(router_cfg["max_tree_size"]),
             "--prometheus-port", str(metrics_port or free_port()),
+            "--log-level", log_level,
             *timeout,
         ]
     if impl != "ours":

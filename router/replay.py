@@ -45,6 +45,27 @@ from router.sim.metrics import composition, policy_caps, unit_figures, unit_outp
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
 
+ROUTER_DECISIONS = "vllm_router_prefix_routing_decisions_total"
+"""vllm-router 0.1.17's counter of cache_aware placements, labelled ``outcome``:
+prefix_hit, prefix_miss, load_imbalance, missing_tokens."""
+
+
+def router_decisions(metrics_text: str) -> dict[str, int]:
+    """``{outcome: count}`` of :data:`ROUTER_DECISIONS` in a vllm-router ``/metrics`` page
+    (summed over its other labels); ``{}`` when the page has none.
+
+    Raises:
+        ValueError: the page is not Prometheus text.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == ROUTER_DECISIONS and "outcome" in sample.labels:
+                out[sample.labels["outcome"]] = out.get(sample.labels["outcome"], 0) + int(sample.value)
+    return out
+
 
 class ReplayError(RuntimeError):
     """The replay could not run (bad arguments, unreachable target, a tokenizer without words)."""
@@ -120,6 +141,12 @@ class ReplayResult:
             ``computed_prompt`` and ``generated`` tokens, from which
             :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
             with ``router_state`` also ``caps`` and ``held``) for plots.
+        router_decisions: with ``router_metrics_url`` (the vLLM Router), its placements by
+            branch at the end (:func:`router_decisions`); else None.
+        missing_tokens_s: with ``router_metrics_url``, when (s from the start, to the
+            sampling period, one entry per placement) the vLLM Router placed a request
+            without its tokens (``missing_tokens``: an engine did not tokenize it within the
+            router's 1 s budget); the simulator's mimic replays these times.
     """
 
     summary: dict
@@ -127,6 +154,8 @@ class ReplayResult:
     requests: list[RequestRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    router_decisions: dict[str, int] | None = None
+    missing_tokens_s: list[float] | None = None
 
     def recorded_trace(self) -> list[TraceSession]:
         """The requests as a trace (:mod:`router.sim.trace` format), replayable by ``router.sim``."""
@@ -217,9 +246,13 @@ class _Replay:
     """State of one replay (see :func:`replay`)."""
 
     def __init__(self, url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float],
-                 ceiling: int, text: WordText, engine_urls: Sequence[str], router_state: bool = False) -> None:
+                 ceiling: int, text: WordText, engine_urls: Sequence[str], router_state: bool = False,
+                 router_metrics_url: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.router_state = router_state
+        self.router_metrics_url = router_metrics_url.rstrip("/") if router_metrics_url else None
+        self.decisions: dict[str, int] | None = None
+        self.missing_tokens_s: list[float] = []
         self.model = model
         self.trainer = Trainer(sessions, mixture, ceiling)
         self.text = text
@@ -318,6 +351,23 @@ class _Replay:
                     "generated": [m.generation_tokens_total for m in ms], **router})
             await asyncio.sleep(period_s)
 
+    async def sample_router_decisions(self, period_s: float) -> None:
+        """Poll the vLLM Router's decision counter; log a time per new ``missing_tokens``."""
+        while True:
+            decisions = await self._router_decisions()
+            if decisions is not None:
+                before = (self.decisions or {}).get("missing_tokens", 0)
+                self.missing_tokens_s += [round(self.now(), 3)] * max(0, decisions.get("missing_tokens", 0) - before)
+                self.decisions = decisions
+            await asyncio.sleep(period_s)
+
+    async def _router_decisions(self) -> dict[str, int] | None:
+        try:
+            async with self.http.get(f"{self.router_metrics_url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return router_decisions(await r.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None  # a missed sample: the next one carries the counts
+
     async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,
                   request_timeout_s: float, warmup_s: float = 0.0) -> ReplayResult:
         timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -326,6 +376,8 @@ class _Replay:
             c_start_baseline = await scrape_engines(http, self.engine_urls)
             self.t_start = time.monotonic()
             sampler = asyncio.ensure_future(self.sample_engines(5.0))
+            decisions = (asyncio.ensure_future(self.sample_router_decisions(1.0))
+                         if self.router_metrics_url else None)
             self.release()
             t0, c0 = None, c_start_baseline
             tw, cw = None, None  # the after-warm-up window's start
@@ -343,18 +395,27 @@ class _Replay:
             sampler.cancel()
             for task in list(self.tasks):
                 task.cancel()
-            await asyncio.gather(*self.tasks, sampler, return_exceptions=True)
+            if decisions is not None:
+                decisions.cancel()
+            await asyncio.gather(*self.tasks, sampler, *([decisions] if decisions else []), return_exceptions=True)
+            if decisions is not None:  # the final counts, after the last request
+                final = await self._router_decisions()
+                if final is not None:
+                    before = (self.decisions or {}).get("missing_tokens", 0)
+                    self.missing_tokens_s += [round(t1, 3)] * max(0, final.get("missing_tokens", 0) - before)
+                    self.decisions = final
         if t0 is None:
             t0, c0 = 0.0, c_start_baseline
         summary = window_summary(self.trainer, self.requests, (t0, t1), (c0, c1))
         after = window_summary(self.trainer, self.requests, (tw, t1), (cw, c1)) if tw is not None else None
-        return ReplayResult(summary, after, self.requests, self.errors, self.timeline)
+        return ReplayResult(summary, after, self.requests, self.errors, self.timeline, self.decisions,
+                            self.missing_tokens_s if self.router_metrics_url else None)
 
 
 def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str, float], ceiling: int,
            duration_s: float, text: WordText, engine_urls: Sequence[str],
            progress: Callable[[float, int], None] | None = None, request_timeout_s: float = 900.0,
-           router_state: bool = False, warmup_s: float = 0.0) -> ReplayResult:
+           router_state: bool = False, warmup_s: float = 0.0, router_metrics_url: str | None = None) -> ReplayResult:
     """Replay ``sessions`` through ``url`` for ``duration_s`` seconds of wall time.
 
     Args:
@@ -375,6 +436,9 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
         warmup_s: also measure the window after this many seconds (``after_warmup``):
             a router that learns its estimates as it runs (ours) starts cold, and a
             training job's router runs for hours; 0 = whole run only.
+        router_metrics_url: the vLLM Router's Prometheus address (``--prometheus-port``):
+            its placements are sampled every second (``router_decisions``,
+            ``missing_tokens_s`` of the result); None for other routers.
 
     Returns:
         :class:`ReplayResult`.
@@ -387,5 +451,6 @@ def replay(url: str, model: str, sessions: list[TraceSession], mixture: dict[str
         raise ReplayError(f"duration_s must be > 0, got {duration_s}")
     if not 0 <= warmup_s < duration_s:
         raise ReplayError(f"warmup_s must be in [0, duration_s={duration_s}), got {warmup_s}")
-    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, router_state)
+    return asyncio.run(_Replay(url, model, sessions, mixture, ceiling, text, engine_urls, router_state,
+                               router_metrics_url)
                        .run(duration_s, progress, request_timeout_s, warmup_s))

@@ -180,3 +180,45 @@ def test_window_summary_reports_the_composition_of_completed_against_released_un
     assert s["output_tokens_per_min"] == pytest.approx(7.0)
     assert s["length_adjusted_samples_per_min"] == pytest.approx(7 / 153.5)
     assert s["samples_per_min"] == pytest.approx(1.0)
+
+
+def test_replay_samples_the_vllm_routers_missing_tokens_times(fake_engine, word_text):
+    """With the vLLM Router's metrics address, the replay records its placements by branch and
+    a time per missing_tokens placement (here: none at the first sample, 2 by the last)."""
+    from aiohttp import web
+
+    engine, url = fake_engine
+    counts = iter([0, 2])
+    calls = []
+
+    async def metrics(_request):
+        calls.append(1)
+        n = next(counts, 2)
+        return web.Response(text=(
+            "# TYPE vllm_router_prefix_routing_decisions_total counter\n"
+            f'vllm_router_prefix_routing_decisions_total{{outcome="prefix_hit"}} {len(calls)}\n'
+            f'vllm_router_prefix_routing_decisions_total{{outcome="missing_tokens"}} {n}\n'))
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    asyncio.run_coroutine_threadsafe(runner.setup(), loop).result(10)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    asyncio.run_coroutine_threadsafe(site.start(), loop).result(10)
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        res = replay(url, "fake-model", [_rlvr("r0", "gr"), _rlvr("r1", "gr")], {"rlvr": 1}, ceiling=2,
+                     duration_s=30, text=word_text, engine_urls=[url],
+                     router_metrics_url=f"http://127.0.0.1:{port}/")
+        plain = replay(url, "fake-model", [_rlvr("r0", "gr")], {"rlvr": 1}, ceiling=1, duration_s=30,
+                       text=word_text, engine_urls=[url])
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert res.router_decisions == {"prefix_hit": len(calls), "missing_tokens": 2}
+    assert len(res.missing_tokens_s) == 2 and all(0 <= t <= 30 for t in res.missing_tokens_s)
+    assert plain.router_decisions is None and plain.missing_tokens_s is None

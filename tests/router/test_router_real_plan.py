@@ -236,7 +236,8 @@ def test_regime_figures_from_a_hand_made_timeline():
 
 
 def test_router_decisions_are_read_from_a_vllm_router_metrics_page():
-    from bench.router_real import missing_tokens_share, router_decisions
+    from bench.router_real import missing_tokens_share
+    from router.replay import router_decisions
 
     page = """# TYPE vllm_router_prefix_routing_decisions_total counter
 vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",outcome="prefix_hit"} 30
@@ -254,3 +255,6 @@ vllm_router_requests_total{route="/v1/completions"} 50
     # the mimic takes the measured share
     run = plan_runs([16], 16, [])[0]
     assert run.sim_policy(0.3).config.missing_tokens_share == 0.3
+    # ... or, when the run sampled them, the times it took the branch at (and no share)
+    timed = run.sim_policy(0.3, [4.0, 1.5]).config
+    assert (timed.missing_tokens_at_s, timed.missing_tokens_share) == ((1.5, 4.0), 0.0)

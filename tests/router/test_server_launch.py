@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from common.config import RECIPES_DIR
-from router.launch import REPO_ROOT, router_argv, start_router
+from router.launch import REPO_ROOT, RouterConfigError, router_argv, start_router
 from tests.conftest import GSM8K_TINY_OVERRIDE
 from tests.router.fake_engine import running_engines
 
@@ -58,6 +58,15 @@ def test_vllm_router_argv_carries_recipe_thresholds():
     assert (flags["--policy"], flags["--cache-threshold"], flags["--balance-abs-threshold"],
             flags["--balance-rel-threshold"]) == ("cache_aware", "0.3", "64", "1.5")  # vllm-router's CLI defaults
     assert argv[argv.index("--worker-urls") + 1: argv.index("--worker-urls") + 3] == ["http://a:1", "http://b:2"]
+    assert flags["--log-level"] == "info"
+    debug = router_argv({**cfg, "log_level": "debug"}, ["http://a:1"], [], None, port=9000)
+    assert debug[debug.index("--log-level") + 1] == "debug"
+
+
+def test_vllm_router_argv_refuses_an_unknown_log_level():
+    cfg = OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
+    with pytest.raises(RouterConfigError, match="router.log_level 'loud'.*debug, info"):
+        router_argv({**cfg, "log_level": "loud"}, ["http://a:1"], [], None, port=9000)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from common.config import REPO_ROOT
-from bench.router_real import router_decisions
+from router.replay import router_decisions
 from router.launch import start_router
 from router.policies import make_policy
 from router.policies.base import ClusterView, InstanceView, Request
