@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 import aiohttp
 import numpy as np
 
+from common.http_client import tcp_connector
 from router.headers import SessionHeaders
 from router.policies.base import InstanceMetrics
 from router.signals import parse_engine_metrics
@@ -371,7 +372,7 @@ class _Replay:
     async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,
                   request_timeout_s: float, warmup_s: float = 0.0) -> ReplayResult:
         timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with aiohttp.ClientSession(timeout=timeout, connector=tcp_connector(limit=0)) as http:
             self.http = http
             c_start_baseline = await scrape_engines(http, self.engine_urls)
             self.t_start = time.monotonic()

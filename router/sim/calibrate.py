@@ -35,6 +35,7 @@ from typing import Sequence
 
 import aiohttp
 
+from common.http_client import tcp_connector
 from router.sim.cost_model import StepSample
 
 #: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
@@ -90,7 +91,7 @@ def fitting_shapes(shapes: Sequence[tuple[int, int]], decode_tokens: int, kv_blo
 async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, decode_tokens: int,
                    repeats: int, shapes: Sequence[tuple[int, int]]) -> list[StepSample]:
     samples: list[StepSample] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600), connector=tcp_connector()) as http:
         await _batch_time(http, urls, model, text, 32, 1, 4)  # warm-up
         for streams, prompt in shapes:
             steps = []
