@@ -12,8 +12,12 @@ order while budget, ``max_num_seqs`` and KV allow, after a prefix-cache lookup.
 Token accounting per request: ``num_tokens = prompt + generated``; ``computed`` tokens
 have KV. A step computes some tokens; when ``computed`` reaches ``num_tokens`` the step
 samples one new token. A decode step computes 1 token and samples 1; the last prefill
-chunk samples the first output token. KV blocks are allocated when scheduled and a block
-is cached (hashed, BlockStored) once full.
+chunk samples the first output token. KV blocks are allocated when scheduled, and a full
+block is cached (hashed, BlockStored) when it is allocated for the tokens this step computes,
+as vLLM's ``allocate_slots`` does (``cache_blocks`` up to computed + new tokens): a second
+request admitted in the same step (a GRPO sibling sent at the same moment) hits the first
+one's prompt blocks. The prefix-cache counters count a request at its first admission only
+(vLLM records a preempted request's lookups apart from ``vllm:prefix_cache_queries``).
 
 Speed (the per-step work never scans the batch): decoding requests advance together, one
 token per step, so each keeps only its join point (``clock`` and tokens at joining) and
@@ -199,8 +203,10 @@ class Engine:
         self.waiting.appendleft(victim)
         return victim
 
-    def _cache_full(self, req: SimRequest) -> None:
-        full = min(req.computed // self.config.block_size, len(req.stream_hashes))
+    def _cache_full(self, req: SimRequest, upto_tokens: int | None = None) -> None:
+        """Cache ``req``'s full blocks up to ``upto_tokens`` (default: its computed tokens)."""
+        tokens = req.computed if upto_tokens is None else upto_tokens
+        full = min(tokens // self.config.block_size, len(req.stream_hashes))
         if full > req.n_cached_blocks:
             self.kv.cache_full_blocks(req.holding, req.stream_hashes[req.n_cached_blocks:full])
             req.n_cached_blocks = full
@@ -248,6 +254,7 @@ class Engine:
                     break
             if not ok:
                 break
+            self._cache_full(req, req.computed + n_new)  # vLLM caches at allocation
             plan.append((req, n_new))
             budget -= n_new
             i += 1
@@ -292,15 +299,17 @@ class Engine:
                 return True
             self.waiting.popleft()
             c = self.counters
-            c.prefix_queries_tokens += req.num_tokens
-            c.prefix_hits_tokens += hit * bs
-            if not req.scheduled_once:
+            if not req.scheduled_once:  # vLLM counts a preempted request's lookup apart
+                c.prefix_queries_tokens += req.num_tokens
+                c.prefix_hits_tokens += hit * bs
                 req.scheduled_once = True
                 req.hit_tokens = hit * bs
                 req.start_s = now
                 c.prompt_tokens += req.prompt_tokens
             req.computed = hit * bs
             req.n_cached_blocks = hit
+            self._cache_full(req, req.computed + n_new)  # vLLM caches at allocation: a sibling
+            # admitted next in this step hits these blocks
             self._seq += 1
             req.admit_seq = self._seq
             self.running.append(req)

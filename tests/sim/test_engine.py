@@ -48,6 +48,33 @@ def test_second_identical_prompt_hits_all_full_blocks_but_the_last_token():
     assert engine.counters.prefix_queries_tokens == 24
 
 
+def test_a_sibling_admitted_in_the_same_step_hits_the_blocks_being_computed():
+    """vLLM caches a block when it allocates it for this step's tokens (``allocate_slots``),
+    so two identical prompts arriving together share the prompt's blocks at once."""
+    engine = Engine("e", EngineConfig(num_blocks=64, block_size=BS), COST)
+    shared = [101, 102, 103, 104, 105]
+    a, b = make_req("a", 12, 2, shared), make_req("b", 12, 2, shared)
+    engine.add(a)
+    engine.add(b)
+    engine.schedule(0.0)
+    assert [r.request.request_id for r, _ in engine._plan] == ["a", "b"]  # one step admits both
+    assert a.hit_tokens == 0 and b.hit_tokens == 8
+    assert dict((r.request.request_id, n) for r, n in engine._plan) == {"a": 12, "b": 4}
+    run_to_idle(engine, engine.end_s)
+    assert engine.kv.num_used_blocks == 0
+
+
+def test_prefix_counters_count_a_request_once_not_again_after_preemption():
+    """vLLM records a preempted request's second lookup apart from vllm:prefix_cache_queries."""
+    engine = Engine("e", EngineConfig(num_blocks=6, block_size=BS, max_decode_chunk_steps=1), COST)
+    first, second = make_req("first", 8, 10), make_req("second", 8, 10)
+    engine.add(first)
+    engine.add(second)
+    run_to_idle(engine)
+    assert engine.counters.preemptions >= 1
+    assert engine.counters.prefix_queries_tokens == 16  # 8 + 8, each prompt once
+
+
 def test_lru_evicts_oldest_freed_request_tail_block_first():
     kv = KVCache(num_blocks=5, block_size=BS)
     a, b = KVHolding(), KVHolding()
