@@ -11,6 +11,7 @@ exits with 128 + the signal number.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -225,10 +226,12 @@ class Experiment:
 
         def finished(i: int, result: dict) -> None:
             advance(i, 1.0)
-            self.completed.append(result)
+            record = json.dumps(result, default=float) + "\n"
+            with _signals_deferred():  # a SIGTERM between the two would keep one and not the other
+                with open(os.path.join(self.out, "runs.jsonl"), "a") as f:
+                    f.write(record)
+                self.completed.append(result)
             finished_runs.append(i)
-            with open(os.path.join(self.out, "runs.jsonl"), "a") as f:
-                f.write(json.dumps(result, default=float) + "\n")
             line = (f"{result['label']} s{result['seed']}: "
                     f"{result['summary']['samples_per_min']:.2f} samples/min")
             if interactive:
@@ -478,8 +481,31 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+_deferring = False
+_pending_signals: list[int] = []
+
+
 def _raise_interrupted(signum: int, _frame) -> None:
+    if _deferring:  # inside _signals_deferred(): raised when it ends
+        _pending_signals.append(signum)
+        return
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """SIGTERM / SIGHUP arriving inside the block raise :class:`Interrupted` when it ends, so
+    a finished run is in ``runs.jsonl`` and in the run list, or in neither."""
+    global _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+    if _pending_signals:
+        signum = _pending_signals[0]
+        _pending_signals.clear()
+        raise Interrupted(signum)
 
 
 @hydra_entry("sim")

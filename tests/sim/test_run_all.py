@@ -94,3 +94,23 @@ def test_sigterm_stops_every_worker_and_keeps_the_finished_runs(tmp_path):
     assert results["interrupted"] == "SIGTERM"
     assert len(results["runs"]) >= 1
     assert len(next(tmp_path.glob("*/runs.jsonl")).read_text().splitlines()) == len(results["runs"])
+
+
+def test_a_signal_inside_the_record_step_is_raised_after_it():
+    """router.sim keeps a finished run in runs.jsonl and in its run list, or in neither: a
+    SIGTERM arriving between the two writes is raised when both are done."""
+    import signal as signals
+
+    from router.sim.__main__ import Interrupted, _raise_interrupted, _signals_deferred
+
+    done = []
+    with pytest.raises(Interrupted) as raised:
+        with _signals_deferred():
+            done.append("runs.jsonl")
+            _raise_interrupted(signals.SIGTERM, None)  # what the handler does when SIGTERM arrives
+            done.append("run list")
+    assert done == ["runs.jsonl", "run list"] and raised.value.signum == signals.SIGTERM
+    with pytest.raises(Interrupted):  # outside the block it raises at once
+        _raise_interrupted(signals.SIGHUP, None)
+    with _signals_deferred():  # and nothing is left pending for the next block
+        pass
