@@ -41,6 +41,8 @@ class RouterMetrics:
         retries: ``router_retries_total``; requests re-decided after an engine failure.
         instance_healthy: ``router_instance_healthy{instance}`` (1/0).
         signal_age_s: ``router_metrics_age_seconds{instance}``; age of the last scrape.
+        scrape_failures: ``router_metric_scrape_failures_total{instance}``; scrapes of an
+            engine's ``/metrics`` that timed out or failed (routing used an older sample).
         kv_events: ``router_kv_events_total{instance, type}``.
         kv_event_gaps: ``router_kv_event_gaps_total{instance}``; lost KV event batches.
         admission_cap: ``router_admission_cap{instance, workload_class}`` from the
@@ -81,6 +83,8 @@ class RouterMetrics:
                                      ["call"], registry=r)  # call: decide | observe
         self.instance_healthy = Gauge("router_instance_healthy", "1 when the instance is healthy", ["instance"], registry=r)
         self.signal_age_s = Gauge("router_metrics_age_seconds", "Age of the instance's last metric sample", ["instance"], registry=r)
+        self.scrape_failures = Counter("router_metric_scrape_failures", "Failed scrapes of an engine's /metrics",
+                                       ["instance"], registry=r)
         self.kv_events = Counter("router_kv_events", "KV-cache events received", ["instance", "type"], registry=r)
         self.kv_event_gaps = Counter("router_kv_event_gaps", "Sequence gaps in KV events (index cleared)", ["instance"], registry=r)
         self.admission_cap = Gauge(

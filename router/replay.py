@@ -141,7 +141,9 @@ class ReplayResult:
             prefix queries and hits, units completed; per engine the cumulative ``steps``,
             ``computed_prompt`` and ``generated`` tokens, from which
             :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
-            with ``router_state`` also ``caps`` and ``held``) for plots.
+            with ``router_state`` also ``caps``, ``held`` and ``router_signals``: per engine
+            the age of the router's last metric sample, its failed scrapes and lost KV-event
+            batches so far, and its mapped KV blocks) for plots.
         router_decisions: with ``router_metrics_url`` (the vLLM Router), its placements by
             branch at the end (:func:`router_decisions`); else None.
         missing_tokens_s: with ``router_metrics_url``, when (s from the start, to the
@@ -329,7 +331,11 @@ class _Replay:
                 state = await r.json()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return {}
-        return {"caps": policy_caps(state.get("policy") or {}), "held": state.get("held_requests")}
+        insts = state.get("instances") or []
+        return {"caps": policy_caps(state.get("policy") or {}), "held": state.get("held_requests"),
+                # per engine, in the router's order: signal health (cumulative failures, last sample's age)
+                "router_signals": [{k: i.get(k) for k in ("instance", "metrics_age_s", "scrapes_failed",
+                                                           "kv_event_gaps", "kv_mapped_blocks")} for i in insts]}
 
     async def sample_engines(self, period_s: float) -> None:
         while True:

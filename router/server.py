@@ -107,6 +107,8 @@ class InstanceState:
     in_flight: int = 0
     metrics: InstanceMetrics | None = None
     metrics_at_s: float | None = None
+    scrapes_failed: int = 0
+    kv_event_gaps: int = 0
 
     def view(self, now: float) -> InstanceView:
         age = None if self.metrics_at_s is None else max(0.0, now - self.metrics_at_s)
@@ -185,6 +187,7 @@ class RouterService:
             urls, self._on_metrics, interval_s=self.config.scrape_interval_s,
             timeout_s=self.config.scrape_timeout_s, clock=clock,
             on_unreachable=lambda instance: self._set_health(instance, False),
+            on_failure=self._on_scrape_failed,
         )
         self.kv_events = KvEventSubscriber(
             dict(zip(urls, kv_event_endpoints)), self.observe, self.translator, topic=self.config.kv_topic,
@@ -346,10 +349,15 @@ class RouterService:
             log.info("engine block size %d tokens (from %s/metrics)", metrics.block_size, instance)
         self.observe(MetricsSampled(instance, metrics, now))
 
+    def _on_scrape_failed(self, instance: str) -> None:
+        self.instances[instance].scrapes_failed += 1
+        self.metrics.scrape_failures.labels(instance).inc()
+
     def _on_kv_batch(self, instance: str, counts: dict[str, int], gap: bool) -> None:
         for kind, n in counts.items():
             self.metrics.kv_events.labels(instance, kind).inc(n)
         if gap:
+            self.instances[instance].kv_event_gaps += 1
             self.metrics.kv_event_gaps.labels(instance).inc()
 
     def _set_health(self, instance: str, healthy: bool) -> None:
@@ -694,7 +702,9 @@ class RouterService:
                 "healthy": s.healthy,
                 "in_flight": s.in_flight,
                 "metrics_age_s": None if s.metrics_at_s is None else now - s.metrics_at_s,
+                "scrapes_failed": s.scrapes_failed,
                 "kv_event_age_s": None if kv_at is None else now - kv_at,
+                "kv_event_gaps": s.kv_event_gaps,
                 "kv_mapped_blocks": self.translator.mapped_blocks(s.url),
                 "metrics": None if s.metrics is None else asdict(s.metrics),
             })

@@ -134,6 +134,8 @@ class MetricsScraper:
         clock: the router's clock (seconds).
         on_unreachable: ``on_unreachable(instance)`` when a scrape cannot connect at all
             (refused, unknown host): the router marks the engine unhealthy and probes it.
+        on_failure: ``on_failure(instance)`` after each failed scrape (timeout, HTTP error,
+            unparsable page), for the router's counters.
     """
 
     def __init__(
@@ -145,10 +147,12 @@ class MetricsScraper:
         timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         on_unreachable: Callable[[str], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.instances = list(instances)
         self.on_sample = on_sample
         self.on_unreachable = on_unreachable
+        self.on_failure = on_failure
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
@@ -172,6 +176,8 @@ class MetricsScraper:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as exc:
             self._log.warn(instance, "scrape", f"metric scrape failed ({type(exc).__name__}: {exc}); routing uses "
                            "its last sample, if any, more cautiously as it ages")
+            if self.on_failure is not None:
+                self.on_failure(instance)
             if isinstance(exc, aiohttp.ClientConnectorError) and self.on_unreachable is not None:
                 self.on_unreachable(instance)  # nothing listens there: no request should wait to find out
             return

@@ -129,6 +129,7 @@ async def test_session_headers_reach_policy(router):
                    "session_end": False, "instance": req["instance"]}
     assert {i["instance"] for i in state["instances"]} == set(router.instances)
     assert all(i["healthy"] and i["metrics_age_s"] is not None for i in state["instances"])
+    assert all(i["scrapes_failed"] == 0 and i["kv_event_gaps"] == 0 for i in state["instances"])
 
 
 async def test_unknown_class_becomes_default_and_is_counted(router):
@@ -325,7 +326,7 @@ async def test_metrics_exposes_named_series(router):
         "router_long_holds", "router_decision_latency_seconds", "router_unknown_workload_class",
         "router_engine_failures", "router_retries", "router_requests", "router_in_flight_requests",
         "router_instance_healthy", "router_metrics_age_seconds", "router_admission_cap", "router_ledger_size",
-        "router_kv_events", "router_kv_event_gaps",
+        "router_kv_events", "router_kv_event_gaps", "router_metric_scrape_failures",
     } <= families
     assert 'router_decisions_total{outcome="admit"} 1.0' in text
 

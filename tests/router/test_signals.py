@@ -46,15 +46,17 @@ def test_garbage_or_foreign_metrics_page_is_rejected(text):
 async def test_scraper_reports_good_engines_and_skips_dead_ones():
     engine = FakeEngine(block_size=32)
     await engine.start()
-    samples = []
+    samples, failed = [], []
     scraper = MetricsScraper([engine.url, "http://127.0.0.1:9"], lambda i, m, now: samples.append((i, m)),
-                             timeout_s=1.0, clock=lambda: 7.0)
+                             timeout_s=1.0, clock=lambda: 7.0, on_failure=failed.append)
     try:
+        await scraper.scrape_once()
         await scraper.scrape_once()
     finally:
         await scraper.close()
         await engine.stop()
-    assert [(i, m.block_size) for i, m in samples] == [(engine.url, 32)]
+    assert [(i, m.block_size) for i, m in samples] == [(engine.url, 32)] * 2
+    assert failed == ["http://127.0.0.1:9"] * 2  # every failure counted (only the first is logged)
 
 
 @pytest.mark.parametrize("scraped_just_now, expected", [(False, 1), (True, 0)])
