@@ -71,6 +71,19 @@ VLLM_ROUTER_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 """``vllm-router --log-level`` choices (0.1.17); ``router.log_level`` of ``recipes/router/vllm.yaml``."""
 
 
+def _vllm_log_level(router_cfg: Mapping[str, Any]) -> str:
+    """``router.log_level`` of a ``router=vllm`` config (default ``info``).
+
+    Raises:
+        RouterConfigError: not one of :data:`VLLM_ROUTER_LOG_LEVELS`.
+    """
+    log_level = str(router_cfg.get("log_level", "info"))
+    if log_level not in VLLM_ROUTER_LOG_LEVELS:
+        raise RouterConfigError(f"router.log_level={log_level!r} is not one of vllm-router's levels: "
+                                f"{', '.join(VLLM_ROUTER_LOG_LEVELS)}")
+    return log_level
+
+
 def router_argv(
     router_cfg: Mapping[str, Any],
     engine_urls: Sequence[str],
@@ -100,10 +113,7 @@ def router_argv(
         raise RouterConfigError(problem)
     urls = normalize_engine_urls(engine_urls)
     if impl == "vllm":
-        log_level = str(router_cfg.get("log_level", "info"))
-        if log_level not in VLLM_ROUTER_LOG_LEVELS:
-            raise RouterConfigError(f"router.log_level {log_level!r} is not one of vllm-router's levels: "
-                                    f"{', '.join(VLLM_ROUTER_LOG_LEVELS)}")
+        log_level = _vllm_log_level(router_cfg)
         timeout = ([] if request_timeout_s is None
                    else ["--request-timeout-secs", str(max(1, round(float(request_timeout_s))))])
         return [
@@ -158,6 +168,7 @@ def check_router_cfg(router_cfg: Mapping[str, Any]) -> None:
             raise UnknownOptionError(
                 f"router.params={router_cfg['params']!r}: router=vllm takes no policy options; its settings "
                 f"are the keys under 'router': {keys}")
+        _vllm_log_level(router_cfg)
         _vllm_router_binary()
     elif impl == "ours":
         make_policy(router_cfg.get("policy", "misa_t"), router_cfg.get("params") or {})

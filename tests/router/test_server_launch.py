@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from common.config import RECIPES_DIR
-from router.launch import REPO_ROOT, RouterConfigError, router_argv, start_router
+from router.launch import REPO_ROOT, RouterConfigError, check_router_cfg, router_argv, start_router
 from tests.conftest import GSM8K_TINY_OVERRIDE
 from tests.router.fake_engine import running_engines
 
@@ -65,8 +65,10 @@ def test_vllm_router_argv_carries_recipe_thresholds():
 
 def test_vllm_router_argv_refuses_an_unknown_log_level():
     cfg = OmegaConf.to_container(OmegaConf.load(RECIPES_DIR / "router" / "vllm.yaml"))
-    with pytest.raises(RouterConfigError, match="router.log_level 'loud'.*debug, info"):
+    with pytest.raises(RouterConfigError, match="router.log_level='loud'.*debug, info"):
         router_argv({**cfg, "log_level": "loud"}, ["http://a:1"], [], None, port=9000)
+    with pytest.raises(RouterConfigError, match="router.log_level='loud'"):  # before any engine starts
+        check_router_cfg({**cfg, "log_level": "loud"})
 
 
 @pytest.mark.parametrize(
