@@ -141,9 +141,11 @@ class ReplayResult:
             prefix queries and hits, units completed; per engine the cumulative ``steps``,
             ``computed_prompt`` and ``generated`` tokens, from which
             :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
-            with ``router_state`` also ``caps``, ``held`` and ``router_signals``: per engine
-            the age of the router's last metric sample, its failed scrapes and lost KV-event
-            batches so far, and its mapped KV blocks) for plots.
+            with ``router_state`` also ``caps``, ``held``, ``router_signals`` (per engine the
+            age of the router's last metric sample, its failed scrapes and lost KV-event
+            batches so far, and its mapped KV blocks) and, where the policy's state has them,
+            its ``policy_instances`` (kv_horizon: reserved and budget blocks, sessions by
+            class, decode rate per engine)) for plots.
         router_decisions: with ``router_metrics_url`` (the vLLM Router), its placements by
             branch at the end (:func:`router_decisions`); else None.
         missing_tokens_s: with ``router_metrics_url``, when (s from the start, to the
@@ -332,7 +334,10 @@ class _Replay:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return {}
         insts = state.get("instances") or []
-        return {"caps": policy_caps(state.get("policy") or {}), "held": state.get("held_requests"),
+        policy = state.get("policy") or {}
+        per_instance = policy.get("instances")  # e.g. kv_horizon: reservation, budget, sessions by class
+        return {"caps": policy_caps(policy), "held": state.get("held_requests"),
+                **({"policy_instances": per_instance} if isinstance(per_instance, dict) else {}),
                 # per engine, in the router's order: signal health (cumulative failures, last sample's age)
                 "router_signals": [{k: i.get(k) for k in ("instance", "metrics_age_s", "scrapes_failed",
                                                            "kv_event_gaps", "kv_mapped_blocks")} for i in insts]}

@@ -222,3 +222,42 @@ def test_replay_samples_the_vllm_routers_missing_tokens_times(fake_engine, word_
     assert res.router_decisions == {"prefix_hit": len(calls), "missing_tokens": 2}
     assert len(res.missing_tokens_s) == 2 and all(0 <= t <= 30 for t in res.missing_tokens_s)
     assert plain.router_decisions is None and plain.missing_tokens_s is None
+
+
+async def test_router_sample_keeps_caps_signals_and_the_policys_per_engine_state(word_text):
+    """What the replay samples from our router's /state into its timeline."""
+    from aiohttp import ClientSession, web
+
+    from router.replay import _Replay
+
+    state = {
+        "policy": {"caps": {"http://e0": {"all": 3, "budget_fill": 0.5}},
+                   "instances": {"http://e0": {"reserved_blocks": 30.0, "budget_blocks": 59.0,
+                                               "sessions": {"agent": 2, "rlvr": 1}}}},
+        "held_requests": 4,
+        "instances": [{"instance": "http://e0", "healthy": True, "metrics_age_s": 0.2, "scrapes_failed": 1,
+                       "kv_event_gaps": 0, "kv_mapped_blocks": 12, "metrics": {"x": 1}}],
+    }
+
+    async def handler(_request):
+        return web.json_response(state)
+
+    app = web.Application()
+    app.router.add_get("/state", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        rp = _Replay(f"http://127.0.0.1:{port}", "m", [_rlvr("r0", "gr")], {"rlvr": 1}, 1, word_text, [],
+                     router_state=True)
+        async with ClientSession() as http:
+            rp.http = http
+            sample = await rp._router_sample()
+    finally:
+        await runner.cleanup()
+    assert sample["held"] == 4 and sample["caps"]
+    assert sample["router_signals"] == [{"instance": "http://e0", "metrics_age_s": 0.2, "scrapes_failed": 1,
+                                         "kv_event_gaps": 0, "kv_mapped_blocks": 12}]
+    assert sample["policy_instances"]["http://e0"]["sessions"] == {"agent": 2, "rlvr": 1}
