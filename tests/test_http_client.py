@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from common.http_client import CLIENT_KEEPALIVE_S, tcp_connector
+from tests.http_app import serving
 
 
 def test_pooled_connections_close_before_the_engines_idle_timeout():
@@ -28,17 +29,10 @@ async def test_the_client_drops_a_connection_idle_past_its_keepalive(monkeypatch
 
     app = web.Application()
     app.router.add_get("/", ok)
-    runner = web.AppRunner(app, keepalive_timeout=60.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
+    async with serving(app, keepalive_timeout=60.0) as url:
         async with aiohttp.ClientSession(connector=tcp_connector()) as http:
             for pause in (0.0, 1.5):
                 await asyncio.sleep(pause)
-                async with http.get(f"http://127.0.0.1:{port}/") as r:
+                async with http.get(f"{url}/") as r:
                     assert r.status == 200 and await r.text() == "ok"
-    finally:
-        await runner.cleanup()
     assert len(peers) == 2 and peers[0] != peers[1]  # a fresh connection (another client port)

@@ -18,6 +18,7 @@ from rl.sampler import MixtureSampler, WorkloadClassSpec
 from rollout.client import ModelCallError, ModelClient, RolloutClient
 from router.headers import SessionHeaders
 from rl.workers import AgentWorker, SingleTurnWorker
+from tests.http_app import serving
 
 END = 99
 
@@ -139,15 +140,11 @@ async def hanging_agent_server():
 
     app = web.Application()
     app.router.add_post("/v1/episodes/run", hang)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    finally:
-        release.set()
-        await runner.cleanup()
+    async with serving(app) as url:
+        try:
+            yield url
+        finally:
+            release.set()
 
 
 def test_agent_server_timeout_is_the_clients_error_naming_the_timeout_key():

@@ -11,6 +11,7 @@ import pytest
 from router.replay import ReplayError, WordText, replay, window_summary
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
+from tests.http_app import serving
 from tests.router.fake_engine import FakeEngine
 
 
@@ -244,19 +245,11 @@ async def test_router_sample_keeps_caps_signals_and_the_policys_per_engine_state
 
     app = web.Application()
     app.router.add_get("/state", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        rp = _Replay(f"http://127.0.0.1:{port}", "m", [_rlvr("r0", "gr")], {"rlvr": 1}, 1, word_text, [],
-                     router_state=True)
+    async with serving(app) as url:
+        rp = _Replay(url, "m", [_rlvr("r0", "gr")], {"rlvr": 1}, 1, word_text, [], router_state=True)
         async with ClientSession() as http:
             rp.http = http
             sample = await rp._router_sample()
-    finally:
-        await runner.cleanup()
     assert sample["held"] == 4 and sample["caps"]
     assert sample["router_signals"] == [{"instance": "http://e0", "metrics_age_s": 0.2, "scrapes_failed": 1,
                                          "kv_event_gaps": 0, "kv_mapped_blocks": 12}]
