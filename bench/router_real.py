@@ -837,10 +837,32 @@ _WANT_RUN = "give the folder of a finished python -m bench.router_real run (resu
 
 
 def check_run_folder(run_dir: Path) -> None:
-    """Raise SystemExit (a usage error) unless ``run_dir`` holds a seed's results.json and trace.jsonl."""
+    """Raise SystemExit (a usage error) unless ``run_dir`` holds a seed's results.json and
+    trace.jsonl, and each saved run's measured vLLM Router inputs of the mimic
+    (``missing_tokens_s``: times in s >= 0; ``router_decisions``: counts) have their shape."""
     for name in ("results.json", "trace.jsonl"):
         if not (run_dir / name).is_file():
             raise usage_error(f"--resimulate {run_dir}: no {name} there; {_WANT_RUN}")
+    try:
+        runs = json.loads((run_dir / "results.json").read_text()).get("runs")
+    except (ValueError, AttributeError):
+        return  # resimulate() names what is wrong with the file as a whole
+    for i, r in enumerate(runs if isinstance(runs, list) else []):
+        if not isinstance(r, dict):
+            continue
+        times, decisions = r.get("missing_tokens_s"), r.get("router_decisions")
+        if times is not None and not (isinstance(times, list) and all(
+                _is_number(t) and math.isfinite(t) and t >= 0 for t in times)):
+            raise usage_error(f"--resimulate {run_dir}: runs[{i}].missing_tokens_s must be a list of times "
+                              f"(s, >= 0) or null, got {times!r}; {_WANT_RUN}")
+        if decisions is not None and not (isinstance(decisions, dict) and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in decisions.values())):
+            raise usage_error(f"--resimulate {run_dir}: runs[{i}].router_decisions must map outcomes to counts "
+                              f"or be null, got {decisions!r}; {_WANT_RUN}")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:

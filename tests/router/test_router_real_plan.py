@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -258,3 +259,28 @@ vllm_router_requests_total{route="/v1/completions"} 50
     # ... or, when the run sampled them, the times it took the branch at (and no share)
     timed = run.sim_policy(0.3, [4.0, 1.5]).config
     assert (timed.missing_tokens_at_s, timed.missing_tokens_share) == ((1.5, 4.0), 0.0)
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("missing_tokens_s", "abc", "runs[0].missing_tokens_s must be a list of times"),
+    ("missing_tokens_s", [-1], "runs[0].missing_tokens_s must be a list of times"),
+    ("missing_tokens_s", [True], "runs[0].missing_tokens_s must be a list of times"),
+    ("missing_tokens_s", 5, "runs[0].missing_tokens_s must be a list of times"),
+    ("missing_tokens_s", {}, "runs[0].missing_tokens_s must be a list of times"),
+    ("router_decisions", {"missing_tokens": "x"}, "runs[0].router_decisions must map outcomes to counts"),
+])
+def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, capsys, field, value, expected):
+    """A hand-edited results.json: one error line (exit 2) naming the run and field, before
+    any folder is rewritten; well-formed and absent values pass."""
+    from bench.router_real import check_run_folder
+
+    (tmp_path / "trace.jsonl").write_text("")
+    good = {"label": "vllm-router c=4", "missing_tokens_s": [1.5, 2.0], "router_decisions": {"prefix_hit": 3}}
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [good, {"label": "old run"}]}))
+    check_run_folder(tmp_path)  # passes
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [{**good, field: value}]}))
+    with pytest.raises(SystemExit) as refused:
+        check_run_folder(tmp_path)
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1 and "Traceback" not in err
