@@ -366,19 +366,23 @@ class _Replay:
     async def sample_router_decisions(self, period_s: float) -> None:
         """Poll the vLLM Router's decision counter; log a time per new ``missing_tokens``."""
         while True:
-            decisions = await self._router_decisions()
-            if decisions is not None:
-                before = (self.decisions or {}).get("missing_tokens", 0)
-                self.missing_tokens_s += [round(self.now(), 3)] * max(0, decisions.get("missing_tokens", 0) - before)
-                self.decisions = decisions
+            self._note_decisions(await self._router_decisions(), self.now())
             await asyncio.sleep(period_s)
+
+    def _note_decisions(self, decisions: dict[str, int] | None, now: float) -> None:
+        """Keep the latest counts; one time (``now``) per ``missing_tokens`` placement since the last."""
+        if decisions is None:
+            return  # a missed sample: the next one carries the counts
+        before = (self.decisions or {}).get("missing_tokens", 0)
+        self.missing_tokens_s += [round(now, 3)] * max(0, decisions.get("missing_tokens", 0) - before)
+        self.decisions = decisions
 
     async def _router_decisions(self) -> dict[str, int] | None:
         try:
             async with self.http.get(f"{self.router_metrics_url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
                 return router_decisions(await r.text())
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None  # a missed sample: the next one carries the counts
+            return None
 
     async def run(self, duration_s: float, progress: Callable[[float, int], None] | None,
                   request_timeout_s: float, warmup_s: float = 0.0) -> ReplayResult:
@@ -411,11 +415,7 @@ class _Replay:
                 decisions.cancel()
             await asyncio.gather(*self.tasks, sampler, *([decisions] if decisions else []), return_exceptions=True)
             if decisions is not None:  # the final counts, after the last request
-                final = await self._router_decisions()
-                if final is not None:
-                    before = (self.decisions or {}).get("missing_tokens", 0)
-                    self.missing_tokens_s += [round(t1, 3)] * max(0, final.get("missing_tokens", 0) - before)
-                    self.decisions = final
+                self._note_decisions(await self._router_decisions(), t1)
         if t0 is None:
             t0, c0 = 0.0, c_start_baseline
         summary = window_summary(self.trainer, self.requests, (t0, t1), (c0, c1))
