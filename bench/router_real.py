@@ -791,7 +791,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
       prediction. Left out when the other runs give fewer than 8 intervals (runs recorded
       before the engines' step counters were scraped).
     """
-    cost = fit_linear_step_cost([StepSample(**s) for s in calibration["samples"]])
+    cost = fit_linear_step_cost([StepSample.from_saved(s) for s in calibration["samples"]])
     calibration["profile"] = dataclasses.asdict(cost)
     info = calibration["engines"]
     sim_cfg = EngineConfig(num_blocks=info["num_blocks"], block_size=info["block_size"],

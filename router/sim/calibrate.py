@@ -12,8 +12,14 @@ engine step of known batch (:class:`~router.sim.cost_model.StepSample`):
   sequences as fast as 1 (its throughput rose with the ceiling far more than the engines');
 - a cold prompt of ``prefill_tokens`` (answer of 1 token): one prefill step (a longer
   prompt than the engine's ``max_num_batched_tokens`` would be split; keep it below);
-- the same prompt extended by a quarter: a prefix-cache hit, so only the new tokens are
-  computed, over the whole context.
+- chunks of new tokens after a cached prefix (:data:`CACHED_PREFILL_SHAPES`: a sixteenth
+  and a quarter of ``prefill_tokens`` new, after an eighth and all of it cached): the prefix
+  is sent first (1-token answer), then prefix + new words, so only the new tokens are
+  computed, over the whole context. Cached length and chunk size both vary, which is what
+  separates the attention of a chunk over its cached prefix (``c_attention_s``) from the cost
+  of its tokens: with the chunk alone (the first version: one quarter over the whole
+  prompt) agent turns over long histories ran a third faster in the simulator than on the
+  engines.
 
 Every shape is measured ``repeats`` times and the median kept. A shape whose sequences do
 not fit in the engines' KV cache (or exceed ``max_num_seqs``) is skipped: a preempted
@@ -36,7 +42,11 @@ from typing import Sequence
 import aiohttp
 
 from common.http_client import tcp_connector
-from router.sim.cost_model import StepSample
+from router.sim.cost_model import StepSample, prefill_attention_pairs
+
+#: (new tokens, cached tokens) of the cached-prefix prefill measurements, as fractions of
+#: ``prefill_tokens`` (1,024 in the CPU benchmark: 64 or 256 new after 128 or 1,024 cached).
+CACHED_PREFILL_SHAPES: tuple[tuple[float, float], ...] = ((1 / 4, 1.0), (1 / 16, 1.0), (1 / 16, 1 / 8), (1 / 4, 1 / 8))
 
 #: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
 #: contexts a loaded engine runs (the CPU benchmark's engines hold 8,192 KV tokens and run
@@ -89,7 +99,8 @@ def fitting_shapes(shapes: Sequence[tuple[int, int]], decode_tokens: int, kv_blo
 
 
 async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, decode_tokens: int,
-                   repeats: int, shapes: Sequence[tuple[int, int]]) -> list[StepSample]:
+                   repeats: int, shapes: Sequence[tuple[int, int]],
+                   cached_shapes: Sequence[tuple[int, int]]) -> list[StepSample]:
     samples: list[StepSample] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600), connector=tcp_connector()) as http:
         await _batch_time(http, urls, model, text, 32, 1, 4)  # warm-up
@@ -101,23 +112,47 @@ async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, de
                 steps.append(max(tn - t1, 1e-6) / decode_tokens)
             ctx = streams * (prompt + decode_tokens // 2)
             samples.append(StepSample(0, streams, ctx, statistics.median(steps)))
-        cold, warm = [], []
-        extra = max(prompt_tokens // 4, 1)
+        cold = []
+        warm: dict[tuple[int, int], list[float]] = {shape: [] for shape in cached_shapes}
         for _ in range(repeats):
             tag = uuid.uuid4().hex
-            prompt = text.text(f"cal:cold:{tag}", prompt_tokens)
 
-            async def one(url: str, prompt: str = prompt, tag: str = tag) -> tuple[float, float]:
-                c = await _timed_completion(http, url, model, prompt, 1)
-                w = await _timed_completion(http, url, model, prompt + text.text(f"cal:warm:{tag}", extra), 1)
+            async def one(url: str, tag: str = tag) -> tuple[float, list[float]]:
+                c = await _timed_completion(http, url, model, text.text(f"cal:cold:{tag}", prompt_tokens), 1)
+                w = []
+                for new, cached in cached_shapes:
+                    prefix = text.text(f"cal:prefix:{tag}:{new}:{cached}", cached)
+                    await _timed_completion(http, url, model, prefix, 1)  # into the prefix cache
+                    w.append(await _timed_completion(http, url, model,
+                                                     prefix + text.text(f"cal:new:{tag}:{new}", new), 1))
                 return c, w
 
             times = await asyncio.gather(*(one(u) for u in urls))
             cold.append(statistics.median(t[0] for t in times))
-            warm.append(statistics.median(t[1] for t in times))
-        samples.append(StepSample(prompt_tokens, 0, prompt_tokens, statistics.median(cold)))
-        samples.append(StepSample(extra, 0, prompt_tokens + extra, statistics.median(warm)))
+            for j, shape in enumerate(cached_shapes):
+                warm[shape].append(statistics.median(t[1][j] for t in times))
+        samples.append(StepSample(prompt_tokens, 0, prompt_tokens, statistics.median(cold),
+                                  prefill_attention_pairs(prompt_tokens, 0)))
+        for (new, cached), ts in warm.items():
+            samples.append(StepSample(new, 0, cached + new, statistics.median(ts), prefill_attention_pairs(new, cached)))
     return samples
+
+
+def cached_prefill_shapes(prompt_tokens: int, block_size: int | None,
+                          fractions: Sequence[tuple[float, float]] = CACHED_PREFILL_SHAPES) -> list[tuple[int, int]]:
+    """(new tokens, cached tokens) of each cached-prefix measurement: ``fractions`` of
+    ``prompt_tokens``, at least 1 new token, cached tokens rounded down to whole KV blocks
+    (an engine caches full blocks only; ``None``: not rounded) and at least one block;
+    duplicates dropped."""
+    out: list[tuple[int, int]] = []
+    for f_new, f_cached in fractions:
+        new = max(1, int(prompt_tokens * f_new))
+        cached = int(prompt_tokens * f_cached)
+        if block_size:
+            cached = max(block_size, cached // block_size * block_size)
+        if (new, cached) not in out:
+            out.append((new, cached))
+    return out
 
 
 def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_tokens: int = 1024,
@@ -138,8 +173,9 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
             skipped (:func:`fitting_shapes`). ``None``: not checked.
 
     Returns:
-        One decode step per kept shape, in ``decode_shapes`` order, then a cold prefill and a
-        cached-prefix prefill.
+        One decode step per kept shape, in ``decode_shapes`` order, then a cold prefill and
+        one cached-prefix prefill per :func:`cached_prefill_shapes` shape (these three kinds
+        with their ``attention_pairs``).
 
     Raises:
         RuntimeError: an engine answered with an error or could not be reached.
@@ -149,7 +185,8 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
     if not shapes:
         raise ValueError(f"no decode shape of {list(decode_shapes)} fits engines of {kv_blocks} KV blocks of "
                          f"{block_size} tokens and max_num_seqs {max_num_seqs}; give smaller shapes")
-    return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats, shapes))
+    return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats, shapes,
+                                cached_prefill_shapes(prompt_tokens, block_size)))
 
 
 def step_samples_from_timeline(timeline: Sequence[dict], num_blocks: int, block_size: int,

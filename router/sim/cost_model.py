@@ -17,9 +17,14 @@ Two models give ``step_time_s(prefill_tokens, decode_seqs, context_tokens, atten
   parameters for MoE, layers, KV heads, head size) and the hardware (FLOP/s, memory
   bandwidth, TP degree). Named profiles: :data:`HARDWARE` and :data:`MODELS`.
 - :class:`LinearStepCost`: ``c0 + c_prefill * prefill_tokens + c_decode * decode_seqs
-  + c_context * context_tokens``, fitted by least squares to measured steps
-  (:func:`fit_linear_step_cost`); :func:`cpu_smollm2_cost` fits it to the real vLLM
-  numbers in ``shared/notes/vllm-cpu.md`` so the simulator can be checked against reality.
+  + c_context * context_tokens + c_attention * (attention_pairs - context_tokens)``, fitted
+  by least squares to measured steps (:func:`fit_linear_step_cost`); :func:`cpu_smollm2_cost`
+  fits it to the real vLLM numbers in ``shared/notes/vllm-cpu.md`` so the simulator can be
+  checked against reality. The last term is the attention of multi-token queries: zero for
+  a decode step (one query per sequence), ``(n-1)c + n(n-1)/2`` for a prefill chunk of n
+  tokens after c computed ones; on the CPU engines a 64-token chunk after 1,664 cached
+  tokens takes 33 ms more than after 256 (0.3-0.4 us per pair), so an agent's next turn
+  over a long cached history costs a third more than its new tokens alone say.
 
 Both are linear in ``context_tokens`` at fixed batch shape, which the engine model uses to
 advance several decode steps at once (see ``router/sim/engine.py``).
@@ -27,6 +32,7 @@ advance several decode steps at once (see ``router/sim/engine.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -138,17 +144,24 @@ class RooflineCost:
 
 @dataclass(frozen=True)
 class LinearStepCost:
-    """Fitted step time: c0 + c_prefill*prefill_tokens + c_decode*decode_seqs + c_context*context_tokens (s)."""
+    """Fitted step time (s): c0 + c_prefill*prefill_tokens + c_decode*decode_seqs
+    + c_context*context_tokens + c_attention*(attention_pairs - context_tokens).
+
+    ``c_attention_s`` is per query-key pair beyond one query per context token (the
+    module docstring): what a prefill chunk over a long cached prefix costs on top of its
+    tokens. Profiles fitted before it existed load with 0.
+    """
 
     c0_s: float
     c_prefill_s: float
     c_decode_s: float
     c_context_s: float = 0.0
+    c_attention_s: float = 0.0
 
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
                     attention_pairs: float | None = None) -> float:
-        """Seconds for one step (counts as in :meth:`RooflineCost.step_time_s`; the fitted
-        profile folds attention into the per-token terms and ignores ``attention_pairs``)."""
+        """Seconds for one step (counts as in :meth:`RooflineCost.step_time_s`;
+        ``attention_pairs`` None: one query per context token, no multi-token term)."""
         if prefill_tokens + decode_seqs <= 0:
             return 0.0
         return (
@@ -156,25 +169,63 @@ class LinearStepCost:
             + self.c_prefill_s * prefill_tokens
             + self.c_decode_s * decode_seqs
             + self.c_context_s * context_tokens
+            + self.c_attention_s * extra_attention_pairs(context_tokens, attention_pairs)
         )
+
+
+def extra_attention_pairs(context_tokens: float, attention_pairs: float | None) -> float:
+    """Query-key pairs beyond one query per context token (>= 0; 0 when ``attention_pairs`` is None)."""
+    return 0.0 if attention_pairs is None else max(0.0, attention_pairs - context_tokens)
+
+
+def prefill_attention_pairs(new_tokens: float, cached_tokens: float) -> float:
+    """Query-key pairs of one prefill chunk of ``new_tokens`` after ``cached_tokens``
+    computed ones: n*c + n(n+1)/2 (each new token attends the cache and the chunk up to itself)."""
+    return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
 
 
 @dataclass(frozen=True)
 class StepSample:
     """One measured engine step (or a run of identical steps, or the mean step of an interval
-    of a live run): its batch (tokens, sequences; means may be fractional) and its time (s)."""
+    of a live run): its batch (tokens, sequences; means may be fractional) and its time (s).
+
+    ``attention_pairs``: the step's query-key pairs when known (a timed prefill of known
+    cached and new tokens); None: unknown or one query per context token (decode steps, the
+    mean step of a live interval), and the sample says nothing of ``c_attention_s``.
+    """
 
     prefill_tokens: float
     decode_seqs: float
     context_tokens: float
     step_time_s: float
+    attention_pairs: float | None = None
+
+    @classmethod
+    def from_saved(cls, d: dict) -> "StepSample":
+        """A sample from its saved dict. Samples saved before ``attention_pairs`` existed
+        get it back where their shape fixes it: a prefill-only sample (no decode
+        sequences) was one chunk of ``prefill_tokens`` after ``context_tokens -
+        prefill_tokens`` cached (how :mod:`router.sim.calibrate` timed them).
+
+        Raises:
+            KeyError, TypeError: ``d`` lacks a field or has an unknown one.
+        """
+        s = cls(**d)
+        if s.attention_pairs is None and "attention_pairs" not in d and s.decode_seqs == 0 and s.prefill_tokens > 0:
+            s = dataclasses.replace(s, attention_pairs=prefill_attention_pairs(
+                s.prefill_tokens, max(0.0, s.context_tokens - s.prefill_tokens)))
+        return s
 
 
 def fit_linear_step_cost(samples: list[StepSample], fit_context: bool = True) -> LinearStepCost:
     """Least-squares fit of :class:`LinearStepCost` to measured steps, in relative error.
 
     Args:
-        samples: at least 3 (4 with ``fit_context``) measured steps.
+        samples: at least as many measured steps as fitted terms: c0, c_prefill, c_decode,
+            c_context with ``fit_context``, and c_attention when some sample knows its
+            ``attention_pairs`` and there is one sample more than the other terms need
+            (otherwise it is 0: interval means and decode steps say nothing of it; a
+            calibration saved with two decode shapes and two prefills fits as before).
         fit_context: also fit the per-context-token term; without it c_context is 0.
 
     Each sample's residual is divided by its measured time (minimises the sum of squared
@@ -187,13 +238,17 @@ def fit_linear_step_cost(samples: list[StepSample], fit_context: bool = True) ->
         SimError: too few samples, or a non-positive step time.
     """
     cols = ["c0_s", "c_prefill_s", "c_decode_s"] + (["c_context_s"] if fit_context else [])
+    # the attention term only when some sample knows its pairs and there is a sample for it
+    fit_attention = any(s.attention_pairs is not None for s in samples) and len(samples) > len(cols)
+    cols += ["c_attention_s"] if fit_attention else []
     if len(samples) < len(cols):
         raise SimError(f"fit_linear_step_cost needs at least {len(cols)} samples, got {len(samples)}")
     if any(s.step_time_s <= 0 for s in samples):
         raise SimError("fit_linear_step_cost: every sample needs step_time_s > 0")
     x_all = np.array(
-        [[1.0, s.prefill_tokens, s.decode_seqs, s.context_tokens][: len(cols)] for s in samples], dtype=float
-    )
+        [[1.0, s.prefill_tokens, s.decode_seqs] + ([s.context_tokens] if fit_context else [])
+         + ([extra_attention_pairs(s.context_tokens, s.attention_pairs)] if fit_attention else [])
+         for s in samples], dtype=float)
     y = np.array([s.step_time_s for s in samples], dtype=float)
     x_rel, y_rel = x_all / y[:, None], np.ones_like(y)  # (x @ c - y) / y
     keep = list(range(len(cols)))

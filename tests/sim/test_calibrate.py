@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import contextlib
+import threading
 
-from router.sim.calibrate import fitting_shapes, measure_step_samples, step_samples_from_timeline
-from router.sim.cost_model import LinearStepCost, fit_linear_step_cost
+import pytest
+from aiohttp import web
+
+from router.sim.calibrate import cached_prefill_shapes, fitting_shapes, measure_step_samples, step_samples_from_timeline
+from router.sim.cost_model import LinearStepCost, fit_linear_step_cost, prefill_attention_pairs
+from tests.http_app import serving
 
 
 def test_shapes_that_do_not_fit_the_engines_are_skipped():
@@ -73,3 +79,52 @@ def test_a_profile_is_recovered_from_live_run_intervals():
     fitted = fit_linear_step_cost(samples)
     for name in ("c0_s", "c_prefill_s", "c_decode_s", "c_context_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+
+
+def test_cached_prefill_shapes_round_the_prefix_to_whole_blocks():
+    # 1,024-token prompt, blocks of 128: 256 or 64 new after 1,024 or 128 cached
+    assert cached_prefill_shapes(1024, 128) == [(256, 1024), (64, 1024), (64, 128), (256, 128)]
+    # blocks of 48: 1,024 -> 1,008 and 128 -> 96 (full blocks only); never under one block
+    assert cached_prefill_shapes(1024, 48) == [(256, 1008), (64, 1008), (64, 96), (256, 96)]
+    assert cached_prefill_shapes(64, 128) == [(16, 128), (4, 128)]  # duplicates dropped
+    assert cached_prefill_shapes(1024, None)[2] == (64, 128)
+
+
+@contextlib.contextmanager
+def _counting_engine():
+    """A fake /v1/completions on its own loop (measure_step_samples runs its own): answers at
+    once and records each prompt's word count."""
+    seen: list[int] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(len(body["prompt"].split()))
+        return web.json_response({"choices": [{"text": "x"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    cm = serving(app)
+    try:
+        url = asyncio.run_coroutine_threadsafe(cm.__aenter__(), loop).result(10)
+        yield url, seen
+    finally:
+        asyncio.run_coroutine_threadsafe(cm.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_cached_prefix_prefills_send_the_prefix_first_and_know_their_pairs():
+    with _counting_engine() as (url, seen):
+        samples = measure_step_samples([url], "m", _Words(), prompt_tokens=64, decode_tokens=2, repeats=1,
+                                       decode_shapes=((1, 4),), block_size=16)
+    # warm-up, one decode shape (1-token and 3-token answers), the cold prompt, then per
+    # cached shape (16 or 4 new after 64 or 16 cached) the prefix alone and prefix + new
+    assert seen == [32, 4, 4, 64, 64, 80, 64, 68, 16, 20, 16, 32]
+    prefills = [(s.prefill_tokens, s.context_tokens, s.attention_pairs) for s in samples if s.decode_seqs == 0]
+    assert prefills == [(64, 64, prefill_attention_pairs(64, 0))] + [
+        (n, c + n, prefill_attention_pairs(n, c)) for n, c in ((16, 64), (4, 64), (4, 16), (16, 16))]
+    assert samples[0].attention_pairs is None  # a decode step: one query per sequence

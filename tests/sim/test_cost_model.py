@@ -14,6 +14,7 @@ from router.sim.cost_model import (
     cpu_smollm2_samples,
     fit_linear_step_cost,
     kv_blocks_for,
+    prefill_attention_pairs,
 )
 from router.sim.errors import SimError
 
@@ -75,3 +76,46 @@ def test_fit_weighs_fast_decode_steps_as_much_as_slow_prefills():
     errors = [abs(fit.step_time_s(s.prefill_tokens, s.decode_seqs, s.context_tokens) / s.step_time_s - 1)
               for s in samples]
     assert max(errors) < 0.2
+
+
+def test_a_chunk_over_a_long_cached_prefix_costs_its_attention():
+    # 64 new tokens after 1,664 cached: (64*1664 + 64*65/2) pairs, minus one per context token
+    cost = LinearStepCost(0.03, 0.001, 0.002, 1e-6, c_attention_s=3e-7)
+    pairs = prefill_attention_pairs(64, 1664)
+    assert pairs == 64 * 1664 + 64 * 65 / 2
+    extra = pairs - (1664 + 64)
+    assert cost.step_time_s(64, 0, 1728, pairs) == pytest.approx(0.03 + 0.064 + 1728e-6 + 3e-7 * extra)
+    # a decode step attends one query per context token: no multi-token term, and None is the same
+    assert cost.step_time_s(0, 8, 4000, 4000) == cost.step_time_s(0, 8, 4000) == pytest.approx(0.03 + 0.016 + 0.004)
+
+
+def test_fit_recovers_the_attention_term_from_cached_prefix_shapes():
+    truth = LinearStepCost(0.03, 0.0012, 0.0015, 3e-6, c_attention_s=3.5e-7)
+    decode = [StepSample(0, d, c, truth.step_time_s(0, d, c)) for d, c in ((1, 80), (8, 640), (16, 5056), (24, 5184))]
+    prefill = [StepSample(n, 0, c + n, truth.step_time_s(n, 0, c + n, prefill_attention_pairs(n, c)),
+                          prefill_attention_pairs(n, c))
+               for n, c in ((1024, 0), (256, 1024), (64, 1024), (64, 128), (256, 128))]
+    fit = fit_linear_step_cost(decode + prefill)
+    for name in ("c0_s", "c_prefill_s", "c_decode_s", "c_context_s", "c_attention_s"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    # too few samples for five terms: fitted without it
+    few = [decode[0], decode[2], prefill[0], prefill[1]]
+    assert fit_linear_step_cost(few).c_attention_s == 0.0
+    # samples that do not know their pairs (live-run interval means) leave the term at 0
+    assert fit_linear_step_cost([StepSample(s.prefill_tokens, s.decode_seqs, s.context_tokens, s.step_time_s)
+                                 for s in decode + prefill]).c_attention_s == 0.0
+
+
+def test_a_saved_prefill_sample_gets_its_pairs_back():
+    # saved before attention_pairs existed: a prefill-only sample was n new after context - n cached
+    old = StepSample.from_saved({"prefill_tokens": 256, "decode_seqs": 0, "context_tokens": 1280, "step_time_s": 0.4})
+    assert old.attention_pairs == prefill_attention_pairs(256, 1024)
+    cold = StepSample.from_saved({"prefill_tokens": 1024, "decode_seqs": 0, "context_tokens": 1024, "step_time_s": 1.4})
+    assert cold.attention_pairs == prefill_attention_pairs(1024, 0)
+    # decode samples, and samples saved with their pairs (even None), are kept as they were
+    assert StepSample.from_saved({"prefill_tokens": 0, "decode_seqs": 8, "context_tokens": 640,
+                                  "step_time_s": 0.04}).attention_pairs is None
+    assert StepSample.from_saved({"prefill_tokens": 20, "decode_seqs": 0, "context_tokens": 4000, "step_time_s": 0.1,
+                                  "attention_pairs": None}).attention_pairs is None
+    with pytest.raises(TypeError):
+        StepSample.from_saved({"prefill_tokens": 1, "decode_seqs": 0, "context_tokens": 1, "step_time": 0.1})
