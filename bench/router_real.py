@@ -51,6 +51,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -65,6 +66,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from common.config import REPO_ROOT, usage_error, CommandParser
+from common.cpu_time import CpuMeter, engine_job_role
 from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from common.process import ProcessStartError
@@ -413,6 +415,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      + (f"{statistics.fmean(caps):.0%} of the time" if caps else "n/a (no class caps)")
                      + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
     lines.append("")
+    lines += _cpu_section(per_seed, order)
     text = "\n".join(lines)
     (out / "summary.md").write_text(text)
     summary = {"seeds": seeds, "regime": regimes, "windows": per_window}
@@ -420,6 +423,33 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     Console(width=160).print(text)
     return text
+
+
+CPU_ROLES = (("engine_worker", "engine workers (model)"), ("engine_core", "engine cores (scheduler)"),
+             ("api_server", "API servers"), ("router", "router"), ("job", "replay client"), ("other", "other"))
+"""The roles of :func:`common.cpu_time.engine_job_role`, in table order, with their column names."""
+
+
+def _cpu_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+    """Mean cores each role of the job used during each run (runs saved before ``cpu_cores``
+    was recorded: left out; nothing recorded: no section)."""
+    per_label: dict[str, list[dict]] = {}
+    for _, results in per_seed:
+        for r in results:
+            if r.get("cpu_cores"):
+                per_label.setdefault(r["label"], []).append(r["cpu_cores"])
+    if not per_label:
+        return []
+    lines = ["### CPU used during each run (cores, mean over seeds; the machine's engine workers are bound one "
+             "per core, everything else shares those cores)", "",
+             "| Router | " + " | ".join(name for _, name in CPU_ROLES) + " |",
+             "|---|" + "---|" * len(CPU_ROLES)]
+    for label in order:
+        runs = per_label.get(label)
+        if runs:
+            lines.append(f"| {label} | " + " | ".join(
+                f"{statistics.fmean(c.get(role, 0.0) for c in runs):.2f}" for role, _ in CPU_ROLES) + " |")
+    return lines + [""]
 
 
 def _best_sweep(results: list[dict], key: str) -> str:
@@ -709,6 +739,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
         urls = pool.urls
         info = asyncio.run(_engine_info(urls))
         print(f"engines: {info}; calibrating the step-cost profile ...", file=sys.stderr)
+        meter = CpuMeter(os.getpid(), engine_job_role)
         try:
             samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens),
                                            kv_blocks=info["num_blocks"], block_size=info["block_size"],
@@ -716,7 +747,8 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
         except RuntimeError as e:  # an engine failed or stopped while it was timed
             raise EngineError(str(e)) from None
         calibration = {"samples": [dataclasses.asdict(s) for s in samples],
-                       "profile": dataclasses.asdict(fit_linear_step_cost(samples)), "engines": info}
+                       "profile": dataclasses.asdict(fit_linear_step_cost(samples)), "engines": info,
+                       "cpu_cores": meter.cores()}
         (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
         for seed in seeds:
             sdir = out / f"seed-{seed}"
@@ -741,10 +773,12 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                         bar.set_postfix(units=done, refresh=False)
                         bar.refresh()
 
+                    meter = CpuMeter(os.getpid(), engine_job_role)
                     res = replay(router.url, served, traces[seed], MIXTURE, run.ceiling, args.minutes * 60, text,
                                  urls, progress=progress, router_state=run.impl == "ours",
                                  warmup_s=args.warmup_minutes * 60,
                                  router_metrics_url=router.metrics_url if run.impl == "vllm" else None)
+                    cpu_cores = meter.cores()  # before the router stops
                     if run.impl == "vllm" and res.router_decisions is None:
                         print(f"seed {seed} {run.label}: its /metrics never answered; "
                               "the simulator assumes every prompt was tokenized", file=sys.stderr)
@@ -760,7 +794,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
                                 "sweep": run.sweep, "params": run.params, "real": res.summary, "real_after_warmup": res.after_warmup,
                                 "router_decisions": res.router_decisions, "missing_tokens_s": res.missing_tokens_s,
-                                "errors": res.errors,
+                                "errors": res.errors, "cpu_cores": cpu_cores,
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
                 (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},

@@ -117,7 +117,8 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
         p, d = 20 * (i % 3), 4 + i % 4
         t, steps, prompt, gen = t + 100 * (0.040 + 0.001 * p + 0.0005 * d), steps + 100, prompt + 100 * p, gen + 100 * d
     runs = [{"label": "vllm-router c=4", "impl": "vllm", "policy": "cache_aware", "ceiling": 4, "sweep": True,
-             "real": real, "errors": [], "timeline": timeline, "sim": {"samples_per_min": -1.0}},
+             "real": real, "errors": [], "timeline": timeline, "sim": {"samples_per_min": -1.0},
+             "cpu_cores": {"engine_worker": 1.5, "engine_core": 0.3, "router": 0.05}},
             {"label": "misa_t c=8", "impl": "ours", "policy": "misa_t", "ceiling": 8, "sweep": False,
              "real": real, "errors": [], "timeline": timeline, "sim": {"samples_per_min": -1.0}}]
     calibration = {"engines": {"num_blocks": 32, "block_size": 128}, "profile": {}, "samples": [
@@ -169,6 +170,9 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +0.0% ± 0.0 samples/min" in summary
     assert json.loads((tmp_path / "multi" / "summary.json").read_text())["baseline"] == "vllm-router c=4"
     assert "mimic against the real vLLM Router, per sweep point (step costs in situ" in summary
+    # the CPU each role used during a run (a run saved without it is left out of the table)
+    assert "| vllm-router c=4 | 1.50 | 0.30 | 0.00 | 0.05 | 0.00 | 0.00 |" in summary
+    assert "| misa_t c=8 | " not in summary.split("### CPU used")[1]
 
     # A run measured with a warm-up: the simulator replays the warm window too (its window
     # starts at the first completion after the warm-up), and both windows are tabled.
