@@ -251,6 +251,9 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
                         f"e.g. +{key}=VALUE. {_section_help(section, cfg)}")
             parent, keys = _keys_at(cfg, key)
             where = f"under '{parent}'" if parent else "at the top level"
+            if not keys:  # an empty section, e.g. a policy run with its defaults: {}
+                return (f"unknown config key '{key}': '{parent}' is empty here, so its options are added with "
+                        f"a leading '+', e.g. +{key}=VALUE")
             return (f"unknown config key '{key}'. Valid keys {where}: {', '.join(keys)}. "
                     f"(To add a new key on purpose, write +{key}=...)")
     return str(e).splitlines()[0]

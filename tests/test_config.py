@@ -268,6 +268,17 @@ def test_an_unknown_key_next_to_run_dir_is_one_line_naming_it():
         compose("train", ["run_dir=/tmp/x", "trainer.iteratons=3"], return_hydra_config=True)
 
 
+def test_a_key_under_an_empty_section_says_to_add_it_with_a_plus():
+    from common.config import ConfigError, compose
+
+    # recipes/sim.yaml runs vllm_router with its defaults: policy_params.vllm_router is {}
+    with pytest.raises(ConfigError) as e:
+        compose("sim", ["policy_params.vllm_router.cache_threshold=0.5"])
+    assert str(e.value).splitlines()[0] == (
+        "unknown config key 'policy_params.vllm_router.cache_threshold': 'policy_params.vllm_router' is empty "
+        "here, so its options are added with a leading '+', e.g. +policy_params.vllm_router.cache_threshold=VALUE")
+
+
 def test_the_readme_config_table_lists_every_option_of_each_group():
     import re
 
