@@ -81,7 +81,9 @@ def engine_job_role(p: psutil.Process) -> str:
     module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
     if module.startswith("vllm.entrypoints") or (len(argv) > 1 and argv[1:2] == ["serve"] and "vllm" in argv[0]):
         return "api_server"
-    if module == "router" or any(a.rsplit("/", 1)[-1] == "vllm-router" for a in argv[:2]):
+    # vllm-router renames its process "vllm::router" once it runs (name and argv)
+    if (module == "router" or name.startswith("vllm::router")
+            or any(a.rsplit("/", 1)[-1] in ("vllm-router", "vllm::router") for a in argv[:2])):
         return "router"
     if p.pid == psutil.Process().pid:
         return "job"

@@ -64,5 +64,6 @@ def test_roles_of_an_engine_job():
     for role, proc in cases.items():
         assert engine_job_role(proc) == role, role
     assert engine_job_role(_Fake("python", [py, "-m", "router", "router=misa-t"])) == "router"
+    assert engine_job_role(_Fake("vllm::router", ["vllm::router"])) == "router"  # how it renames itself
     assert engine_job_role(_Fake("vllm", ["/usr/bin/vllm", "serve", "m"])) == "api_server"
     assert engine_job_role(_Gone("x", [])) == "other"
