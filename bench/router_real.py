@@ -287,7 +287,8 @@ def regime(timeline: list[dict], instances: int, window: tuple[float, float]) ->
 
 
 PROFILES = (("", "step costs from the calibration on idle engines"),
-            ("_insitu", "step costs in situ: fitted to the other runs' engine counters"))
+            ("_insitu", "step costs in situ: fitted to the other runs' engine counters"),
+            ("_cpu", "step costs from the calibration, scaled to the CPU the engines' model threads had in the run"))
 """The simulator's step-cost profiles (:func:`simulate`): key infix, what it is."""
 
 
@@ -824,6 +825,14 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
       timelines; ``r["insitu_profile"]``), so a run's own throughput never enters its
       prediction. Left out when the other runs give fewer than 8 intervals (runs recorded
       before the engines' step counters were scraped).
+    - ``r["sim_cpu"]`` and ``r["sim_cpu_after_warmup"]``: the calibration's profile with every
+      step longer by the calibration's engine-worker CPU over the run's (``cpu_cores``;
+      ``r["cpu_profile"]`` with its ``factor``). The engines' model threads are bound one per
+      core and use it whenever nothing else of the job does (1.86 of the 2 cores during a
+      calibration), so their CPU is the share of the machine left to the model; the engine
+      schedulers, API servers, router and client took 2-3 times as much of it during a run as
+      during the calibration. A measured input of the run, not its throughput. Left out for
+      runs or calibrations recorded without ``cpu_cores``.
     """
     cost = fit_linear_step_cost([StepSample.from_saved(s) for s in calibration["samples"]])
     calibration["profile"] = dataclasses.asdict(cost)
@@ -832,6 +841,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     insitu = [step_samples_from_timeline(r.get("timeline") or [], info["num_blocks"], info["block_size"])
               for r in results]
+    cal_worker = (calibration.get("cpu_cores") or {}).get("engine_worker")
     for i, (r, run) in enumerate(zip(tqdm(results, desc="simulator replay", file=sys.stderr,
                                           disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
@@ -858,6 +868,15 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
             r["insitu_profile"] = dataclasses.asdict(profile)
             r["sim_insitu"] = replay_sim(profile)
             r["sim_insitu_after_warmup"] = replay_sim(profile, warmup_minutes * 60) if warmup_minutes > 0 else None
+        for key in ("cpu_profile", "sim_cpu", "sim_cpu_after_warmup"):
+            r.pop(key, None)
+        run_worker = (r.get("cpu_cores") or {}).get("engine_worker")
+        if cal_worker and run_worker:
+            factor = cal_worker / run_worker
+            scaled = cost.scaled(factor)
+            r["cpu_profile"] = {"factor": factor, **dataclasses.asdict(scaled)}
+            r["sim_cpu"] = replay_sim(scaled)
+            r["sim_cpu_after_warmup"] = replay_sim(scaled, warmup_minutes * 60) if warmup_minutes > 0 else None
 
 
 def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None:
@@ -872,15 +891,25 @@ _WANT_RUN = "give the folder of a finished python -m bench.router_real run (resu
 
 def check_run_folder(run_dir: Path) -> None:
     """Raise SystemExit (a usage error) unless ``run_dir`` holds a seed's results.json and
-    trace.jsonl, and each saved run's measured vLLM Router inputs of the mimic
-    (``missing_tokens_s``: times in s >= 0; ``router_decisions``: counts) have their shape."""
+    trace.jsonl, and each saved run's measured inputs of the simulator (``missing_tokens_s``:
+    times in s >= 0; ``router_decisions``: counts; ``cpu_cores``, the calibration's too:
+    cores >= 0 per role) have their shape."""
     for name in ("results.json", "trace.jsonl"):
         if not (run_dir / name).is_file():
             raise usage_error(f"--resimulate {run_dir}: no {name} there; {_WANT_RUN}")
     try:
-        runs = json.loads((run_dir / "results.json").read_text()).get("runs")
+        saved = json.loads((run_dir / "results.json").read_text())
+        runs, calibration = saved.get("runs"), saved.get("calibration")
     except (ValueError, AttributeError):
         return  # resimulate() names what is wrong with the file as a whole
+    owners = [("calibration", calibration)] + [(f"runs[{i}]", r) for i, r in enumerate(runs if isinstance(runs, list)
+                                                                                       else [])]
+    for where, owner in owners:
+        cores = owner.get("cpu_cores") if isinstance(owner, dict) else None
+        if cores is not None and not (isinstance(cores, dict) and all(
+                _is_number(c) and math.isfinite(c) and c >= 0 for c in cores.values())):
+            raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores must map roles to cores (>= 0) or be "
+                              f"null, got {cores!r}; {_WANT_RUN}")
     for i, r in enumerate(runs if isinstance(runs, list) else []):
         if not isinstance(r, dict):
             continue

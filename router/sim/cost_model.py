@@ -173,6 +173,18 @@ class LinearStepCost:
         )
 
 
+    def scaled(self, factor: float) -> "LinearStepCost":
+        """The same profile with every step ``factor`` times as long (> 0), e.g. engines that
+        get a smaller share of their cores than when they were calibrated.
+
+        Raises:
+            SimError: ``factor`` is not a positive finite number.
+        """
+        if not (math.isfinite(factor) and factor > 0):
+            raise SimError(f"LinearStepCost.scaled: factor must be a positive number, got {factor!r}")
+        return LinearStepCost(*(factor * getattr(self, f.name) for f in dataclasses.fields(self)))
+
+
 def extra_attention_pairs(context_tokens: float, attention_pairs: float | None) -> float:
     """Query-key pairs beyond one query per context token (>= 0; 0 when ``attention_pairs`` is None)."""
     return 0.0 if attention_pairs is None else max(0.0, attention_pairs - context_tokens)

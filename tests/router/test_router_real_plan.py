@@ -121,7 +121,8 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
              "cpu_cores": {"engine_worker": 1.5, "engine_core": 0.3, "router": 0.05}},
             {"label": "misa_t c=8", "impl": "ours", "policy": "misa_t", "ceiling": 8, "sweep": False,
              "real": real, "errors": [], "timeline": timeline, "sim": {"samples_per_min": -1.0}}]
-    calibration = {"engines": {"num_blocks": 32, "block_size": 128}, "profile": {}, "samples": [
+    calibration = {"engines": {"num_blocks": 32, "block_size": 128}, "profile": {}, "cpu_cores": {"engine_worker": 1.8},
+                   "samples": [
         {"prefill_tokens": 0, "decode_seqs": 1, "context_tokens": 80, "step_time_s": 0.035},
         {"prefill_tokens": 0, "decode_seqs": 16, "context_tokens": 1280, "step_time_s": 0.078},
         {"prefill_tokens": 1024, "decode_seqs": 0, "context_tokens": 1024, "step_time_s": 1.9},
@@ -170,6 +171,14 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
     assert "misa_t c=8 vs vllm-router (sweep-tuned, real): +0.0% ± 0.0 samples/min" in summary
     assert json.loads((tmp_path / "multi" / "summary.json").read_text())["baseline"] == "vllm-router c=4"
     assert "mimic against the real vLLM Router, per sweep point (step costs in situ" in summary
+    # the calibration's profile scaled to the model threads' CPU in the run: 1.8 / 1.5 = 1.2
+    # times every step (a run saved without cpu_cores gets no such replay)
+    for seed in (0, 1):
+        r0, r1 = json.loads((tmp_path / "multi" / f"seed-{seed}" / "results.json").read_text())["runs"]
+        assert r0["cpu_profile"]["factor"] == pytest.approx(1.2) and "sim_cpu" not in r1
+        assert r0["cpu_profile"]["c0_s"] == pytest.approx(1.2 * saved["calibration"]["profile"]["c0_s"])
+        assert 0 < r0["sim_cpu"]["samples_per_min"] < r0["sim"]["samples_per_min"]
+    assert "step costs from the calibration, scaled to the CPU the engines' model threads had in the run" in summary
     # the CPU each role used during a run (a run saved without it is left out of the table)
     assert "| vllm-router c=4 | 1.50 | 0.30 | 0.00 | 0.05 | 0.00 | 0.00 |" in summary
     assert "| misa_t c=8 | " not in summary.split("### CPU used")[1]
@@ -272,6 +281,9 @@ vllm_router_requests_total{route="/v1/completions"} 50
     ("missing_tokens_s", 5, "runs[0].missing_tokens_s must be a list of times"),
     ("missing_tokens_s", {}, "runs[0].missing_tokens_s must be a list of times"),
     ("router_decisions", {"missing_tokens": "x"}, "runs[0].router_decisions must map outcomes to counts"),
+    ("cpu_cores", {"engine_worker": -1}, "runs[0].cpu_cores must map roles to cores"),
+    ("cpu_cores", [1.6], "runs[0].cpu_cores must map roles to cores"),
+    ("cpu_cores", {"router": "x"}, "runs[0].cpu_cores must map roles to cores"),
 ])
 def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, capsys, field, value, expected):
     """A hand-edited results.json: one error line (exit 2) naming the run and field, before
@@ -279,9 +291,14 @@ def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, c
     from bench.router_real import check_run_folder
 
     (tmp_path / "trace.jsonl").write_text("")
-    good = {"label": "vllm-router c=4", "missing_tokens_s": [1.5, 2.0], "router_decisions": {"prefix_hit": 3}}
+    good = {"label": "vllm-router c=4", "missing_tokens_s": [1.5, 2.0], "router_decisions": {"prefix_hit": 3},
+            "cpu_cores": {"engine_worker": 1.6, "router": 0.0}}
     (tmp_path / "results.json").write_text(json.dumps({"runs": [good, {"label": "old run"}]}))
     check_run_folder(tmp_path)  # passes
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [good], "calibration": {"cpu_cores": {"job": -2}}}))
+    with pytest.raises(SystemExit):
+        check_run_folder(tmp_path)
+    assert "calibration.cpu_cores must map roles to cores" in capsys.readouterr().err
     (tmp_path / "results.json").write_text(json.dumps({"runs": [{**good, field: value}]}))
     with pytest.raises(SystemExit) as refused:
         check_run_folder(tmp_path)

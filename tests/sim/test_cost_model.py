@@ -119,3 +119,13 @@ def test_a_saved_prefill_sample_gets_its_pairs_back():
                                   "attention_pairs": None}).attention_pairs is None
     with pytest.raises(TypeError):
         StepSample.from_saved({"prefill_tokens": 1, "decode_seqs": 0, "context_tokens": 1, "step_time": 0.1})
+
+
+def test_a_scaled_profile_makes_every_step_longer_by_the_factor():
+    cost = LinearStepCost(0.03, 0.001, 0.002, 1e-6, c_attention_s=3e-7)
+    slow = cost.scaled(1.25)
+    pairs = prefill_attention_pairs(64, 1024)
+    assert slow.step_time_s(64, 4, 2000, pairs) == pytest.approx(1.25 * cost.step_time_s(64, 4, 2000, pairs))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(SimError, match="factor must be a positive number"):
+            cost.scaled(bad)
