@@ -192,7 +192,11 @@ class KvHorizonConfig:
     decode_tokens_per_s_prior: float = 30.0
     """Per-sequence decode rate before any metric (a large MoE at ~60 sequences per replica)."""
     rate_smoothing: float = 0.2
-    """EMA weight of a new decode-rate measurement (one scrape is noisy)."""
+    """Weight of the newest scrape in the decode rate r_w = Σ generated tokens / Σ running
+    sequences x Δt over scrapes, each older scrape's terms scaled by (1 - rate_smoothing) per
+    scrape since. Scrapes in which the counter did not move count too: vLLM's generation
+    counter moves in bursts, and a mean of per-scrape rates that skipped them read 16.5
+    tokens/s per sequence on the CPU engines where their counters over 5 s gave 7.5-8."""
     turn_growth_prior_tokens: float = 1024.0
     """Prompt growth per agent turn before 8 turns were seen (tool output + model output)."""
     history: int = 256
@@ -291,7 +295,8 @@ class _InstanceLoad:
     """Per-instance sums behind Σ k~_s(t) (see the module docstring), kept incrementally."""
 
     __slots__ = ("running", "sum_start_s", "prompt_blocks", "running_by_class", "idle_blocks", "idle_by_class",
-                 "sessions_by_class", "floor_by_class", "target", "rate", "last_metrics", "last_sample_s", "recent",
+                 "sessions_by_class", "floor_by_class", "target", "rate", "rate_tokens", "rate_seq_s",
+                 "last_metrics", "last_sample_s", "recent",
                  "recent_blocks", "closing_by_class", "closing_growth", "closing_peak", "grown",
                  "start_by_class", "growing_count", "growing")
 
@@ -306,6 +311,8 @@ class _InstanceLoad:
         self.floor_by_class: dict[str, int] = {}
         self.target = target  # U_w
         self.rate = rate  # r_w, tokens/s per sequence
+        self.rate_tokens = 0.0  # decayed Σ generated tokens behind r_w
+        self.rate_seq_s = 0.0  # decayed Σ running sequences x Δt (sequence-seconds)
         self.last_metrics: InstanceMetrics | None = None
         self.last_sample_s: float | None = None
         self.recent: deque[tuple[float, int]] = deque()  # (start s, own prompt blocks) since the last sample
@@ -793,11 +800,16 @@ class KvHorizonPolicy:
         if prev is None or prev_s is None or event.now <= prev_s:
             return
         dt = event.now - prev_s
-        generated = m.generation_tokens_total - prev.generation_tokens_total
-        running = max(m.num_requests_running, prev.num_requests_running)
-        if generated > 0 and running > 0:  # r_w = Δgen / Δt / running, smoothed
-            sample = generated / dt / running
-            load.rate += cfg.rate_smoothing * (sample - load.rate)
+        generated = max(0.0, m.generation_tokens_total - prev.generation_tokens_total)
+        # the larger running count of the two ends: a sequence that joined in the window is
+        # counted whole (r_w errs low, which reserves less growth, not more)
+        seq_s = max(m.num_requests_running, prev.num_requests_running) * dt
+        if generated > 0 or seq_s > 0:  # r_w = Σ Δgen / Σ running Δt, older scrapes decayed
+            keep = 1.0 - cfg.rate_smoothing
+            load.rate_tokens = keep * load.rate_tokens + generated
+            load.rate_seq_s = keep * load.rate_seq_s + seq_s
+            if load.rate_tokens > 0 and load.rate_seq_s > 0:
+                load.rate = load.rate_tokens / load.rate_seq_s
         if m.num_preemptions_total > prev.num_preemptions_total:  # fast signal: U_w backs off
             load.target = max(cfg.min_target_usage, load.target * cfg.backoff)
             self.counters["backoffs"] += 1

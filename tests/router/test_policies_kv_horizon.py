@@ -301,6 +301,28 @@ def test_decode_rate_follows_the_engines_generation_counter() -> None:
     assert p.state()["instances"]["w0"]["decode_tokens_per_s"] == pytest.approx(50.0)
 
 
+def test_decode_rate_counts_scrapes_in_which_the_bursty_counter_did_not_move() -> None:
+    """vLLM's generation counter moves in bursts: 4 sequences at 20 tokens/s each show 0
+    tokens in one 0.5 s scrape and 80 in the next. The rate is 20, not the 40 of the scrapes
+    that moved."""
+    p = policy(rate_smoothing=0.2)
+    total, t = 0.0, 0.0
+    for i in range(40):
+        t += 0.5
+        total += 80.0 if i % 2 else 0.0
+        p.observe(MetricsSampled("w1", InstanceMetrics(num_blocks=100, block_size=16, num_requests_running=4,
+                                                       generation_tokens_total=total), t))
+    assert p.state()["instances"]["w1"]["decode_tokens_per_s"] == pytest.approx(20.0, rel=0.15)
+    # an idle engine (nothing running at either end of a scrape, nothing generated) leaves
+    # the rate as it was: after the scrape in which the last sequences ended, nothing moves
+    idle = InstanceMetrics(num_blocks=100, block_size=16, num_requests_running=0, generation_tokens_total=total)
+    p.observe(MetricsSampled("w1", idle, t + 0.5))
+    before = p.state()["instances"]["w1"]["decode_tokens_per_s"]
+    for k in range(2, 7):
+        p.observe(MetricsSampled("w1", idle, t + 0.5 * k))
+    assert p.state()["instances"]["w1"]["decode_tokens_per_s"] == before
+
+
 def test_long_waiting_queue_or_usage_above_target_stops_new_sessions_only() -> None:
     p = policy()
     start(p, req("a"), cluster("w0"), 0.0)
