@@ -15,20 +15,22 @@ from common.cpu_time import CpuMeter, cpu_seconds, engine_job_role
 _BURN = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('burnt', flush=True)\nsys.stdin.readline()\n"
 
 
-def _role(p: psutil.Process) -> str:
-    return "me" if p.pid == os.getpid() else "child"
-
-
 def test_a_child_s_cpu_is_counted_under_its_role():
-    meter = CpuMeter(os.getpid(), _role)
+    burner: list[int] = []  # the child's pid once started (the test process may have other children)
+
+    def role(p: psutil.Process) -> str:
+        return "me" if p.pid == os.getpid() else "child" if p.pid in burner else "other"
+
+    meter = CpuMeter(os.getpid(), role)
     child = subprocess.Popen([sys.executable, "-c", _BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    burner.append(child.pid)
     try:
         assert child.stdout.readline().strip() == "burnt"
-        seconds = cpu_seconds(os.getpid(), _role)
+        seconds = cpu_seconds(os.getpid(), role)
         # (the kernel accounts in clock ticks: a few hundredths under the child's own clock)
         assert seconds[child.pid][0] == "child" and seconds[child.pid][1] >= 0.25
         cores = meter.cores()
-        assert set(cores) == {"me", "child"} and cores["child"] > 0
+        assert {"me", "child"} <= set(cores) and cores["child"] > 0
     finally:
         child.communicate("\n", timeout=30)
     # a process that ended before the reading counts nothing

@@ -17,9 +17,8 @@ engine step of known batch (:class:`~router.sim.cost_model.StepSample`):
   is sent first (1-token answer), then prefix + new words, so only the new tokens are
   computed, over the whole context. Cached length and chunk size both vary, which is what
   separates the attention of a chunk over its cached prefix (``c_attention_s``) from the cost
-  of its tokens: with the chunk alone (the first version: one quarter over the whole
-  prompt) agent turns over long histories ran a third faster in the simulator than on the
-  engines.
+  of its tokens (the first version timed one chunk, a quarter over the whole prompt; a
+  profile without the attention term missed the other shapes by 11-15% on the CPU engines).
 
 Every shape is measured ``repeats`` times and the median kept. A shape whose sequences do
 not fit in the engines' KV cache (or exceed ``max_num_seqs``) is skipped: a preempted
@@ -174,8 +173,8 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
 
     Returns:
         One decode step per kept shape, in ``decode_shapes`` order, then a cold prefill and
-        one cached-prefix prefill per :func:`cached_prefill_shapes` shape (these three kinds
-        with their ``attention_pairs``).
+        one cached-prefix prefill per :func:`cached_prefill_shapes` shape (the prefills with
+        their ``attention_pairs``).
 
     Raises:
         RuntimeError: an engine answered with an error or could not be reached.

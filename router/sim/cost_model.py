@@ -23,8 +23,8 @@ Two models give ``step_time_s(prefill_tokens, decode_seqs, context_tokens, atten
   checked against reality. The last term is the attention of multi-token queries: zero for
   a decode step (one query per sequence), ``(n-1)c + n(n-1)/2`` for a prefill chunk of n
   tokens after c computed ones; on the CPU engines a 64-token chunk after 1,664 cached
-  tokens takes 33 ms more than after 256 (0.3-0.4 us per pair), so an agent's next turn
-  over a long cached history costs a third more than its new tokens alone say.
+  tokens takes 33 ms (a third) more than after 256 (0.3-0.4 us per pair): an agent's next
+  turn over a long cached history costs more than its new tokens alone say.
 
 Both are linear in ``context_tokens`` at fixed batch shape, which the engine model uses to
 advance several decode steps at once (see ``router/sim/engine.py``).
