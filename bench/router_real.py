@@ -21,8 +21,10 @@ What it does, in one run and one folder (``runs/bench/router-real-<time>/``, one
    baseline), the real ``vllm-router`` at the permissive ``--ceiling``, and our ``--policies``
    (default ``misa_t``, ``kv_horizon``) at that ceiling. Between runs the engines' prefix
    caches are reset and each router is started fresh.
-5. Replays the same trace in the simulator with the calibrated profile, the engines' real
-   KV size and block size and the same policies and ceilings, and reports its error per figure.
+5. Replays the same trace in the simulator with the engines' real KV size and block size and
+   the same policies and ceilings, with three step-cost profiles (:data:`PROFILES`: the
+   calibrated one; one fitted to the other runs' engine counters; the calibrated one scaled
+   to the CPU the engines' model threads had in the run), and reports its error per figure.
 
 Figures per router, over two windows: the whole run (first unit completion to the end, as
 the simulator defines it with warmup_frac=0) and the run after ``--warmup-minutes`` (our
@@ -32,8 +34,10 @@ engines' own counters), prefill tok/s (prompt tokens of finished requests, hits 
 and computed prefill tok/s (engine prompt tokens - hits), decode tok/s (engine counter),
 consumed mixture and TV distance, per-class p50/p95 unit completion time, the composition
 of completed samples (output tokens/min, length-adjusted samples/min, decode tokens per
-sample), and the regime (:func:`regime`: sessions and running requests per engine, KV usage,
-the share of time every class cap is above 1); ratios to the sweep-tuned baseline. Over
+sample), the regime (:func:`regime`: sessions and running requests per engine, KV usage,
+the share of time every class cap is above 1) and the CPU each role of the job used (engine
+workers and schedulers, API servers, router, client: :mod:`common.cpu_time`); ratios to the
+sweep-tuned baseline. Over
 seeds (``summary.md``), per window: each router's change against the sweep point with the
 best mean, mean ± std, the simulator mimic's error against the real router per sweep point;
 and the regime. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
