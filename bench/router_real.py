@@ -906,6 +906,11 @@ def check_run_folder(run_dir: Path) -> None:
         runs, calibration = saved.get("runs"), saved.get("calibration")
     except (ValueError, AttributeError):
         return  # resimulate() names what is wrong with the file as a whole
+    samples = calibration.get("samples") if isinstance(calibration, dict) else None
+    for j, d in enumerate(samples if isinstance(samples, list) else []):
+        problem = _sample_problem(d)
+        if problem:
+            raise usage_error(f"--resimulate {run_dir}: calibration.samples[{j}] {problem}, got {d!r}; {_WANT_RUN}")
     owners = [("calibration", calibration)] + [(f"runs[{i}]", r) for i, r in enumerate(runs if isinstance(runs, list)
                                                                                        else [])]
     for where, owner in owners:
@@ -930,6 +935,22 @@ def check_run_folder(run_dir: Path) -> None:
 
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+_SAMPLE_FIELDS = ("prefill_tokens", "decode_seqs", "context_tokens", "step_time_s")
+
+
+def _sample_problem(d) -> str | None:
+    """What is wrong with one saved calibration sample (a :class:`StepSample` dict), or None."""
+    if not isinstance(d, dict):
+        return "must be an object with " + ", ".join(_SAMPLE_FIELDS)
+    extra = set(d) - set(_SAMPLE_FIELDS) - {"attention_pairs"}
+    if extra or any(k not in d for k in _SAMPLE_FIELDS):
+        return f"must have exactly {', '.join(_SAMPLE_FIELDS)} (and optionally attention_pairs)"
+    values = [d[k] for k in _SAMPLE_FIELDS] + ([d["attention_pairs"]] if d.get("attention_pairs") is not None else [])
+    if not all(_is_number(v) and math.isfinite(v) and v >= 0 for v in values) or d["step_time_s"] <= 0:
+        return "needs finite numbers >= 0 (step_time_s > 0)"
+    return None
 
 
 def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:

@@ -141,15 +141,16 @@ def cached_prefill_shapes(prompt_tokens: int, block_size: int | None,
                           fractions: Sequence[tuple[float, float]] = CACHED_PREFILL_SHAPES) -> list[tuple[int, int]]:
     """(new tokens, cached tokens) of each cached-prefix measurement: ``fractions`` of
     ``prompt_tokens``, at least 1 new token, cached tokens rounded down to whole KV blocks
-    (an engine caches full blocks only; ``None``: not rounded) and at least one block;
-    duplicates dropped."""
+    (an engine caches full blocks only; ``None``: not rounded) but at least one block; a
+    shape that would then cache more than ``prompt_tokens`` (a prompt shorter than a block)
+    or nothing is left out; duplicates dropped."""
     out: list[tuple[int, int]] = []
     for f_new, f_cached in fractions:
         new = max(1, int(prompt_tokens * f_new))
         cached = int(prompt_tokens * f_cached)
         if block_size:
             cached = max(block_size, cached // block_size * block_size)
-        if (new, cached) not in out:
+        if 0 < cached <= prompt_tokens and (new, cached) not in out:
             out.append((new, cached))
     return out
 

@@ -180,7 +180,7 @@ class LinearStepCost:
         Raises:
             SimError: ``factor`` is not a positive finite number.
         """
-        if not (math.isfinite(factor) and factor > 0):
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor > 0):
             raise SimError(f"LinearStepCost.scaled: factor must be a positive number, got {factor!r}")
         return LinearStepCost(*(factor * getattr(self, f.name) for f in dataclasses.fields(self)))
 

@@ -284,6 +284,12 @@ vllm_router_requests_total{route="/v1/completions"} 50
     ("cpu_cores", {"engine_worker": -1}, "runs[0].cpu_cores must map roles to cores"),
     ("cpu_cores", [1.6], "runs[0].cpu_cores must map roles to cores"),
     ("cpu_cores", {"router": "x"}, "runs[0].cpu_cores must map roles to cores"),
+    ("sample", {"bogus": 1}, "calibration.samples[0] must have exactly prefill_tokens"),
+    ("sample", {"step_time_s": None}, "calibration.samples[0] must have exactly prefill_tokens"),
+    ("sample", {"step_time_s": "fast"}, "calibration.samples[0] needs finite numbers >= 0"),
+    ("sample", {"step_time_s": -1}, "calibration.samples[0] needs finite numbers >= 0"),
+    ("sample", {"prefill_tokens": True}, "calibration.samples[0] needs finite numbers >= 0"),
+    ("sample", [1, 2], "calibration.samples[0] must be an object"),
 ])
 def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, capsys, field, value, expected):
     """A hand-edited results.json: one error line (exit 2) naming the run and field, before
@@ -299,7 +305,15 @@ def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, c
     with pytest.raises(SystemExit):
         check_run_folder(tmp_path)
     assert "calibration.cpu_cores must map roles to cores" in capsys.readouterr().err
-    (tmp_path / "results.json").write_text(json.dumps({"runs": [{**good, field: value}]}))
+    if field == "sample":  # a calibration sample, hand-edited
+        sample = {"prefill_tokens": 0, "decode_seqs": 1, "context_tokens": 80, "step_time_s": 0.035}
+        if isinstance(value, dict):
+            sample = {k: v for k, v in {**sample, **value}.items() if v is not None}
+        else:
+            sample = value
+        (tmp_path / "results.json").write_text(json.dumps({"runs": [good], "calibration": {"samples": [sample]}}))
+    else:
+        (tmp_path / "results.json").write_text(json.dumps({"runs": [{**good, field: value}]}))
     with pytest.raises(SystemExit) as refused:
         check_run_folder(tmp_path)
     assert refused.value.code == 2

@@ -84,9 +84,12 @@ def test_a_profile_is_recovered_from_live_run_intervals():
 def test_cached_prefill_shapes_round_the_prefix_to_whole_blocks():
     # 1,024-token prompt, blocks of 128: 256 or 64 new after 1,024 or 128 cached
     assert cached_prefill_shapes(1024, 128) == [(256, 1024), (64, 1024), (64, 128), (256, 128)]
-    # blocks of 48: 1,024 -> 1,008 and 128 -> 96 (full blocks only); never under one block
+    # blocks of 48: 1,024 -> 1,008 and 128 -> 96 (full blocks only)
     assert cached_prefill_shapes(1024, 48) == [(256, 1008), (64, 1008), (64, 96), (256, 96)]
-    assert cached_prefill_shapes(64, 128) == [(16, 128), (4, 128)]  # duplicates dropped
+    # at least one block, but never more than the prompt: 32 tokens -> one block of 128
+    assert cached_prefill_shapes(256, 128) == [(64, 256), (16, 256), (16, 128), (64, 128)]
+    assert cached_prefill_shapes(64, 128) == [] and cached_prefill_shapes(16, 4096) == []
+    assert cached_prefill_shapes(1, None) == [(1, 1)] and cached_prefill_shapes(2, 16) == []
     assert cached_prefill_shapes(1024, None)[2] == (64, 128)
 
 

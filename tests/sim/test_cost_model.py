@@ -126,6 +126,6 @@ def test_a_scaled_profile_makes_every_step_longer_by_the_factor():
     slow = cost.scaled(1.25)
     pairs = prefill_attention_pairs(64, 1024)
     assert slow.step_time_s(64, 4, 2000, pairs) == pytest.approx(1.25 * cost.step_time_s(64, 4, 2000, pairs))
-    for bad in (0.0, -1.0, float("nan"), float("inf")):
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "2", None, True):
         with pytest.raises(SimError, match="factor must be a positive number"):
             cost.scaled(bad)
