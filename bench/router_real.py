@@ -911,17 +911,11 @@ def check_run_folder(run_dir: Path) -> None:
         problem = _sample_problem(d)
         if problem:
             raise usage_error(f"--resimulate {run_dir}: calibration.samples[{j}] {problem}, got {d!r}; {_WANT_RUN}")
-    owners = [("calibration", calibration)] + [(f"runs[{i}]", r) for i, r in enumerate(runs if isinstance(runs, list)
-                                                                                       else [])]
-    for where, owner in owners:
-        cores = owner.get("cpu_cores") if isinstance(owner, dict) else None
-        if cores is not None and not (isinstance(cores, dict) and all(
-                _is_number(c) and math.isfinite(c) and c >= 0 for c in cores.values())):
-            raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores must map roles to cores (>= 0) or be "
-                              f"null, got {cores!r}; {_WANT_RUN}")
+    _check_cpu_cores(run_dir, "calibration", calibration)
     for i, r in enumerate(runs if isinstance(runs, list) else []):
         if not isinstance(r, dict):
             continue
+        _check_cpu_cores(run_dir, f"runs[{i}]", r)
         times, decisions = r.get("missing_tokens_s"), r.get("router_decisions")
         if times is not None and not (isinstance(times, list) and all(
                 _is_number(t) and math.isfinite(t) and t >= 0 for t in times)):
@@ -933,21 +927,29 @@ def check_run_folder(run_dir: Path) -> None:
                               f"or be null, got {decisions!r}; {_WANT_RUN}")
 
 
+def _check_cpu_cores(run_dir: Path, where: str, owner) -> None:
+    """Refuse (usage error) a saved ``cpu_cores`` that is not null or {role: cores >= 0}."""
+    cores = owner.get("cpu_cores") if isinstance(owner, dict) else None
+    if cores is not None and not (isinstance(cores, dict) and all(
+            _is_number(c) and math.isfinite(c) and c >= 0 for c in cores.values())):
+        raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores must map roles to cores (>= 0) or be "
+                          f"null, got {cores!r}; {_WANT_RUN}")
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-_SAMPLE_FIELDS = ("prefill_tokens", "decode_seqs", "context_tokens", "step_time_s")
-
-
 def _sample_problem(d) -> str | None:
     """What is wrong with one saved calibration sample (a :class:`StepSample` dict), or None."""
+    fields = dataclasses.fields(StepSample)
+    required = [f.name for f in fields if f.default is dataclasses.MISSING]
+    optional = [f.name for f in fields if f.default is not dataclasses.MISSING]
     if not isinstance(d, dict):
-        return "must be an object with " + ", ".join(_SAMPLE_FIELDS)
-    extra = set(d) - set(_SAMPLE_FIELDS) - {"attention_pairs"}
-    if extra or any(k not in d for k in _SAMPLE_FIELDS):
-        return f"must have exactly {', '.join(_SAMPLE_FIELDS)} (and optionally attention_pairs)"
-    values = [d[k] for k in _SAMPLE_FIELDS] + ([d["attention_pairs"]] if d.get("attention_pairs") is not None else [])
+        return "must be an object with " + ", ".join(required)
+    if set(d) - {f.name for f in fields} or any(k not in d for k in required):
+        return f"must have exactly {', '.join(required)} (and optionally {', '.join(optional)})"
+    values = [d[k] for k in required] + [d[k] for k in optional if d.get(k) is not None]  # optional: may be null
     if not all(_is_number(v) and math.isfinite(v) and v >= 0 for v in values) or d["step_time_s"] <= 0:
         return "needs finite numbers >= 0 (step_time_s > 0)"
     return None

@@ -9,6 +9,7 @@ all its descendants at the start and end of a span and gives each role's share i
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
@@ -85,6 +86,6 @@ def engine_job_role(p: psutil.Process) -> str:
     if (module == "router" or name.startswith("vllm::router")
             or any(a.rsplit("/", 1)[-1] in ("vllm-router", "vllm::router") for a in argv[:2])):
         return "router"
-    if p.pid == psutil.Process().pid:
+    if p.pid == os.getpid():
         return "job"
     return "other"
