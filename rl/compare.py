@@ -17,10 +17,10 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.table import Table
 
 from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry
+from common.console import output_console
 from rl.report import run_summary
 
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),
@@ -65,7 +65,7 @@ def check_train_runs(runs: dict[str, list[str]]) -> None:
 
 @hydra_entry("compare")
 def main(cfg: DictConfig) -> None:
-    console = Console()
+    console = output_console()
     routers = [str(r) for r in cfg.routers]
     if len(routers) < 2 or len(set(routers)) != len(routers):
         raise ConfigError(f"routers={routers}: give two or more different router options, e.g. [vllm,misa-t]")

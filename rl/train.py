@@ -22,6 +22,7 @@ from rich.console import Console
 
 from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, check_values, hydra_entry, number,
                            register_user_error)
+from common.console import output_console
 from rl.report import plot_run, progress_line, rlvr_settings_table, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
@@ -519,7 +520,7 @@ def main(cfg: DictConfig) -> None:
 def _main(cfg: DictConfig, placement, group) -> None:
     from agents.client import launch_agent_server
 
-    console = Console()
+    console = output_console()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
