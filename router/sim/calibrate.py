@@ -18,7 +18,16 @@ engine step of known batch (:class:`~router.sim.cost_model.StepSample`):
   computed, over the whole context. Cached length and chunk size both vary, which is what
   separates the attention of a chunk over its cached prefix (``c_attention_s``) from the cost
   of its tokens (the first version timed one chunk, a quarter over the whole prompt; a
-  profile without the attention term missed the other shapes by 11-15% on the CPU engines).
+  profile without the attention term missed the other shapes by 11-15% on the CPU engines);
+- chunks sent into a running decode batch (:data:`MIXED_SHAPES`): ``streams`` sequences
+  decode while ``chunks_per_batch`` prefill chunks (new tokens after a cached prefix, as
+  above) are sent one after another; a chunk's answer of 1 token comes at the end of the
+  step that computed it, which started on average half a decode step after the chunk
+  arrived, so that step took the chunk's latency minus half the batch's decode step. Only
+  chunks answered while the batch still decoded count. These steps mix a prefill chunk with
+  decodes, as most steps of a loaded engine do, and cost more than the chunk alone plus the
+  decodes (``c_mixed_s``): on the CPU engines real runs' mean steps were 35-60% longer than a
+  profile fitted to prefill-only and decode-only steps said, in the intervals with prefill.
 
 Every shape is measured ``repeats`` times and the median kept. A shape whose sequences do
 not fit in the engines' KV cache (or exceed ``max_num_seqs``) is skipped: a preempted
@@ -46,6 +55,15 @@ from router.sim.cost_model import StepSample, prefill_attention_pairs
 #: (new tokens, cached tokens) of the cached-prefix prefill measurements, as fractions of
 #: ``prefill_tokens`` (1,024 in the CPU benchmark: 64 or 256 new after 128 or 1,024 cached).
 CACHED_PREFILL_SHAPES: tuple[tuple[float, float], ...] = ((1 / 4, 1.0), (1 / 16, 1.0), (1 / 16, 1 / 8), (1 / 4, 1 / 8))
+
+#: (decoding sequences, new tokens, cached tokens) of the mixed-step measurements, the token
+#: counts as fractions of ``prefill_tokens`` (1,024 in the CPU benchmark: 256 cold or 64 after
+#: 1,024 cached into 8 decoding sequences; 128 after 512 or 256 after 1,024 into 16).
+MIXED_SHAPES: tuple[tuple[int, float, float], ...] = ((8, 1 / 4, 0.0), (8, 1 / 16, 1.0), (16, 1 / 8, 1 / 2),
+                                                      (16, 1 / 4, 1.0))
+
+#: Prompt tokens of each decoding sequence of a mixed-step measurement.
+MIXED_DECODE_PROMPT_TOKENS = 64
 
 #: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
 #: contexts a loaded engine runs (the CPU benchmark's engines hold 8,192 KV tokens and run
@@ -97,20 +115,54 @@ def fitting_shapes(shapes: Sequence[tuple[int, int]], decode_tokens: int, kv_blo
     return kept
 
 
+async def _decode_step(http, urls, model, text, prompt: int, streams: int, decode_tokens: int) -> tuple[float, float]:
+    """(one decode step of ``streams`` sequences of ``prompt`` tokens, the time of their
+    1-token answers) in s: (time of ``decode_tokens`` + 1 tokens - time of 1) / ``decode_tokens``."""
+    t1 = await _batch_time(http, urls, model, text, prompt, streams, 1)
+    tn = await _batch_time(http, urls, model, text, prompt, streams, decode_tokens + 1)
+    return max(tn - t1, 1e-6) / decode_tokens, t1
+
+
+async def _chunks_in_batch(http, url: str, model: str, text, streams: int, decode_tokens: int, new: int,
+                           cached: int, chunks: int, start_after_s: float) -> list[float]:
+    """Latencies (s) of ``chunks`` prefill chunks (``new`` fresh tokens after a cached prefix of
+    ``cached``) sent one after another into a batch of ``streams`` sequences decoding
+    ``decode_tokens`` tokens on one engine, starting ``start_after_s`` after the batch; only
+    those answered while the batch still decoded."""
+    tag = uuid.uuid4().hex
+    prefix = text.text(f"cal:mixprefix:{tag}", cached) if cached else ""
+    if cached:
+        await _timed_completion(http, url, model, prefix, 1)  # into the prefix cache
+    batch = [asyncio.create_task(_timed_completion(http, url, model, text.text(
+        f"cal:mixdec:{tag}:{i}", MIXED_DECODE_PROMPT_TOKENS), decode_tokens)) for i in range(streams)]
+    try:
+        await asyncio.sleep(start_after_s)
+        kept = []
+        for k in range(chunks):
+            if any(t.done() for t in batch):
+                break
+            latency = await _timed_completion(http, url, model, prefix + text.text(f"cal:mixnew:{tag}:{k}", new), 1)
+            if not any(t.done() for t in batch):
+                kept.append(latency)
+        await asyncio.gather(*batch)
+    finally:
+        for t in batch:
+            t.cancel()
+    return kept
+
+
 async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, decode_tokens: int,
                    repeats: int, shapes: Sequence[tuple[int, int]],
-                   cached_shapes: Sequence[tuple[int, int]]) -> list[StepSample]:
+                   cached_shapes: Sequence[tuple[int, int]],
+                   mixed_shapes: Sequence[tuple[int, int, int]] = (), chunks_per_batch: int = 4) -> list[StepSample]:
     samples: list[StepSample] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600), connector=tcp_connector()) as http:
         await _batch_time(http, urls, model, text, 32, 1, 4)  # warm-up
         for streams, prompt in shapes:
-            steps = []
-            for _ in range(repeats):
-                t1 = await _batch_time(http, urls, model, text, prompt, streams, 1)
-                tn = await _batch_time(http, urls, model, text, prompt, streams, decode_tokens + 1)
-                steps.append(max(tn - t1, 1e-6) / decode_tokens)
+            steps = [(await _decode_step(http, urls, model, text, prompt, streams, decode_tokens))[0]
+                     for _ in range(repeats)]
             ctx = streams * (prompt + decode_tokens // 2)
-            samples.append(StepSample(0, streams, ctx, statistics.median(steps)))
+            samples.append(StepSample(0, streams, ctx, statistics.median(steps), mixed_steps=0.0))
         cold = []
         warm: dict[tuple[int, int], list[float]] = {shape: [] for shape in cached_shapes}
         for _ in range(repeats):
@@ -131,10 +183,56 @@ async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, de
             for j, shape in enumerate(cached_shapes):
                 warm[shape].append(statistics.median(t[1][j] for t in times))
         samples.append(StepSample(prompt_tokens, 0, prompt_tokens, statistics.median(cold),
-                                  prefill_attention_pairs(prompt_tokens, 0)))
+                                  prefill_attention_pairs(prompt_tokens, 0), mixed_steps=0.0))
         for (new, cached), ts in warm.items():
-            samples.append(StepSample(new, 0, cached + new, statistics.median(ts), prefill_attention_pairs(new, cached)))
+            samples.append(StepSample(new, 0, cached + new, statistics.median(ts), prefill_attention_pairs(new, cached),
+                                      mixed_steps=0.0))
+        batch_tokens = 4 * decode_tokens  # the batch decodes while the chunks go in
+        for streams, new, cached in mixed_shapes:
+            steps, latencies = [], []
+            for _ in range(repeats):
+                step, t1 = await _decode_step(http, urls, model, text, MIXED_DECODE_PROMPT_TOKENS, streams,
+                                              decode_tokens)
+                steps.append(step)
+                per_engine = await asyncio.gather(*(_chunks_in_batch(
+                    http, u, model, text, streams, batch_tokens, new, cached, chunks_per_batch,
+                    start_after_s=t1 + 2 * step) for u in urls))
+                latencies += [t for kept in per_engine for t in kept]
+            if not latencies:  # every batch ended before a chunk was answered: nothing mixed
+                continue
+            step = statistics.median(steps)
+            dec_ctx = streams * (MIXED_DECODE_PROMPT_TOKENS + batch_tokens // 2)
+            samples.append(StepSample(new, streams, dec_ctx + cached + new,
+                                      max(statistics.median(latencies) - step / 2, 1e-6),
+                                      dec_ctx + prefill_attention_pairs(new, cached), mixed_steps=1.0))
     return samples
+
+
+def mixed_step_shapes(prompt_tokens: int, block_size: int | None, kv_blocks: int | None, max_num_seqs: int | None,
+                      decode_tokens: int,
+                      fractions: Sequence[tuple[int, float, float]] = MIXED_SHAPES) -> list[tuple[int, int, int]]:
+    """(decoding sequences, new tokens, cached tokens) of each mixed-step measurement:
+    ``fractions`` of ``prompt_tokens`` as in :func:`cached_prefill_shapes` (cached 0 stays 0:
+    a cold chunk), left out where the sequences and one chunk with its prefix would not fit
+    at once: more than ``max_num_seqs`` - 1 sequences, or over 90% of ``kv_blocks`` (each
+    sequence ``ceil((MIXED_DECODE_PROMPT_TOKENS + 4 * decode_tokens + 1) / block_size)``
+    blocks). ``None`` limits are not checked."""
+    out: list[tuple[int, int, int]] = []
+    for streams, f_new, f_cached in fractions:
+        new = max(1, int(prompt_tokens * f_new))
+        cached = int(prompt_tokens * f_cached)
+        if cached and block_size:
+            cached = max(block_size, cached // block_size * block_size)
+        if cached > prompt_tokens or (max_num_seqs is not None and streams > max_num_seqs - 1):
+            continue
+        if kv_blocks is not None and block_size:
+            need = (streams * math.ceil((MIXED_DECODE_PROMPT_TOKENS + 4 * decode_tokens + 1) / block_size)
+                    + math.ceil((cached + new) / block_size))
+            if need > 0.9 * kv_blocks:
+                continue
+        if (streams, new, cached) not in out:
+            out.append((streams, new, cached))
+    return out
 
 
 def cached_prefill_shapes(prompt_tokens: int, block_size: int | None,
@@ -158,7 +256,8 @@ def cached_prefill_shapes(prompt_tokens: int, block_size: int | None,
 def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_tokens: int = 1024,
                          decode_tokens: int = 32, repeats: int = 3,
                          decode_shapes: Sequence[tuple[int, int]] = DECODE_SHAPES, kv_blocks: int | None = None,
-                         block_size: int | None = None, max_num_seqs: int | None = None) -> list[StepSample]:
+                         block_size: int | None = None, max_num_seqs: int | None = None,
+                         mixed_shapes: bool = True) -> list[StepSample]:
     """Measured engine steps of live engines (see the module docstring).
 
     Args:
@@ -170,12 +269,15 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
         repeats: measurements per shape (median kept).
         decode_shapes: (concurrent sequences, prompt tokens) per decode measurement.
         kv_blocks, block_size, max_num_seqs: the engines' limits; shapes over them are
-            skipped (:func:`fitting_shapes`). ``None``: not checked.
+            skipped (:func:`fitting_shapes`, :func:`mixed_step_shapes`). ``None``: not checked.
+        mixed_shapes: also time chunks inside running decode batches (:data:`MIXED_SHAPES`).
 
     Returns:
         One decode step per kept shape, in ``decode_shapes`` order, then a cold prefill and
         one cached-prefix prefill per :func:`cached_prefill_shapes` shape (the prefills with
-        their ``attention_pairs``).
+        their ``attention_pairs``), then one mixed step per :func:`mixed_step_shapes` shape
+        of which a chunk was answered while its batch decoded; every sample with its
+        ``mixed_steps`` (0 or 1).
 
     Raises:
         RuntimeError: an engine answered with an error or could not be reached.
@@ -185,8 +287,9 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
     if not shapes:
         raise ValueError(f"no decode shape of {list(decode_shapes)} fits engines of {kv_blocks} KV blocks of "
                          f"{block_size} tokens and max_num_seqs {max_num_seqs}; give smaller shapes")
+    mixed = mixed_step_shapes(prompt_tokens, block_size, kv_blocks, max_num_seqs, decode_tokens) if mixed_shapes else []
     return asyncio.run(_measure(engine_urls, model, text, prompt_tokens, decode_tokens, repeats, shapes,
-                                cached_prefill_shapes(prompt_tokens, block_size)))
+                                cached_prefill_shapes(prompt_tokens, block_size), mixed))
 
 
 def step_samples_from_timeline(timeline: Sequence[dict], num_blocks: int, block_size: int,

@@ -17,14 +17,18 @@ Two models give ``step_time_s(prefill_tokens, decode_seqs, context_tokens, atten
   parameters for MoE, layers, KV heads, head size) and the hardware (FLOP/s, memory
   bandwidth, TP degree). Named profiles: :data:`HARDWARE` and :data:`MODELS`.
 - :class:`LinearStepCost`: ``c0 + c_prefill * prefill_tokens + c_decode * decode_seqs
-  + c_context * context_tokens + c_attention * (attention_pairs - context_tokens)``, fitted
+  + c_context * context_tokens + c_attention * (attention_pairs - context_tokens)
+  + c_mixed * [prefill_tokens > 0 and decode_seqs > 0]``, fitted
   by least squares to measured steps (:func:`fit_linear_step_cost`); :func:`cpu_smollm2_cost`
   fits it to the real vLLM numbers in ``shared/notes/vllm-cpu.md`` so the simulator can be
   checked against reality. The last term is the attention of multi-token queries: zero for
   a decode step (one query per sequence), ``(n-1)c + n(n-1)/2`` for a prefill chunk of n
   tokens after c computed ones; on the CPU engines a 64-token chunk after 1,664 cached
   tokens takes 33 ms (a third) more than after 256 (0.3-0.4 us per pair): an agent's next
-  turn over a long cached history costs more than its new tokens alone say.
+  turn over a long cached history costs more than its new tokens alone say. The last is a
+  fixed cost of a step that mixes a prefill chunk with decoding sequences, beyond what the
+  chunk alone and the decodes alone cost: on the CPU engines a chunk sent into a running
+  batch of 8-16 decoding sequences took 0-150 ms (typically 40-80) longer than the sum says.
 
 Both are linear in ``context_tokens`` at fixed batch shape, which the engine model uses to
 advance several decode steps at once (see ``router/sim/engine.py``).
@@ -145,11 +149,13 @@ class RooflineCost:
 @dataclass(frozen=True)
 class LinearStepCost:
     """Fitted step time (s): c0 + c_prefill*prefill_tokens + c_decode*decode_seqs
-    + c_context*context_tokens + c_attention*(attention_pairs - context_tokens).
+    + c_context*context_tokens + c_attention*(attention_pairs - context_tokens)
+    + c_mixed*[prefill_tokens > 0 and decode_seqs > 0].
 
     ``c_attention_s`` is per query-key pair beyond one query per context token (the
     module docstring): what a prefill chunk over a long cached prefix costs on top of its
-    tokens. Profiles fitted before it existed load with 0.
+    tokens. ``c_mixed_s`` is per step that holds both a prefill chunk and decoding
+    sequences (the module docstring). Profiles fitted before either existed load with 0.
     """
 
     c0_s: float
@@ -157,6 +163,7 @@ class LinearStepCost:
     c_decode_s: float
     c_context_s: float = 0.0
     c_attention_s: float = 0.0
+    c_mixed_s: float = 0.0
 
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
                     attention_pairs: float | None = None) -> float:
@@ -170,6 +177,7 @@ class LinearStepCost:
             + self.c_decode_s * decode_seqs
             + self.c_context_s * context_tokens
             + self.c_attention_s * extra_attention_pairs(context_tokens, attention_pairs)
+            + (self.c_mixed_s if prefill_tokens > 0 and decode_seqs > 0 else 0.0)
         )
 
 
@@ -204,6 +212,9 @@ class StepSample:
     ``attention_pairs``: the step's query-key pairs when known (a timed prefill of known
     cached and new tokens); None: unknown or one query per context token (decode steps, the
     mean step of a live interval), and the sample says nothing of ``c_attention_s``.
+    ``mixed_steps``: the share of its steps that hold both a prefill chunk and decoding
+    sequences (0 or 1 for one timed step); None: unknown (the mean step of a live interval),
+    and a fit that includes such a sample leaves ``c_mixed_s`` at 0.
     """
 
     prefill_tokens: float
@@ -211,13 +222,16 @@ class StepSample:
     context_tokens: float
     step_time_s: float
     attention_pairs: float | None = None
+    mixed_steps: float | None = None
 
     @classmethod
     def from_saved(cls, d: dict) -> "StepSample":
         """A sample from its saved dict. Samples saved before ``attention_pairs`` existed
         get it back where their shape fixes it: a prefill-only sample (no decode
         sequences) was one chunk of ``prefill_tokens`` after ``context_tokens -
-        prefill_tokens`` cached (how :mod:`router.sim.calibrate` timed them).
+        prefill_tokens`` cached (how :mod:`router.sim.calibrate` timed them). Samples saved
+        before ``mixed_steps`` existed get 0 where they were prefill-only or decode-only
+        (no step of theirs mixed the two) and stay unknown otherwise.
 
         Raises:
             KeyError, TypeError: ``d`` lacks a field or has an unknown one.
@@ -226,6 +240,8 @@ class StepSample:
         if s.attention_pairs is None and "attention_pairs" not in d and s.decode_seqs == 0 and s.prefill_tokens > 0:
             s = dataclasses.replace(s, attention_pairs=prefill_attention_pairs(
                 s.prefill_tokens, max(0.0, s.context_tokens - s.prefill_tokens)))
+        if "mixed_steps" not in d and (s.prefill_tokens == 0 or s.decode_seqs == 0):
+            s = dataclasses.replace(s, mixed_steps=0.0)
         return s
 
 
@@ -237,7 +253,10 @@ def fit_linear_step_cost(samples: list[StepSample], fit_context: bool = True) ->
             c_context with ``fit_context``, and c_attention when some sample knows its
             ``attention_pairs`` and there is one sample more than the other terms need
             (otherwise it is 0: interval means and decode steps say nothing of it; a
-            calibration saved with two decode shapes and two prefills fits as before).
+            calibration saved with two decode shapes and two prefills fits as before);
+            c_mixed when every sample knows its ``mixed_steps``, some are > 0 and there is
+            a sample for it too (otherwise 0: a calibration without mixed shapes, or the
+            means of live intervals).
         fit_context: also fit the per-context-token term; without it c_context is 0.
 
     Each sample's residual is divided by its measured time (minimises the sum of squared
@@ -253,6 +272,9 @@ def fit_linear_step_cost(samples: list[StepSample], fit_context: bool = True) ->
     # the attention term only when some sample knows its pairs and there is a sample for it
     fit_attention = any(s.attention_pairs is not None for s in samples) and len(samples) > len(cols)
     cols += ["c_attention_s"] if fit_attention else []
+    fit_mixed = (all(s.mixed_steps is not None for s in samples) and any(s.mixed_steps > 0 for s in samples)
+                 and len(samples) > len(cols))
+    cols += ["c_mixed_s"] if fit_mixed else []
     if len(samples) < len(cols):
         raise SimError(f"fit_linear_step_cost needs at least {len(cols)} samples, got {len(samples)}")
     if any(s.step_time_s <= 0 for s in samples):
@@ -260,6 +282,7 @@ def fit_linear_step_cost(samples: list[StepSample], fit_context: bool = True) ->
     x_all = np.array(
         [[1.0, s.prefill_tokens, s.decode_seqs] + ([s.context_tokens] if fit_context else [])
          + ([extra_attention_pairs(s.context_tokens, s.attention_pairs)] if fit_attention else [])
+         + ([s.mixed_steps] if fit_mixed else [])
          for s in samples], dtype=float)
     y = np.array([s.step_time_s for s in samples], dtype=float)
     x_rel, y_rel = x_all / y[:, None], np.ones_like(y)  # (x @ c - y) / y

@@ -9,7 +9,8 @@ import threading
 import pytest
 from aiohttp import web
 
-from router.sim.calibrate import cached_prefill_shapes, fitting_shapes, measure_step_samples, step_samples_from_timeline
+from router.sim.calibrate import (cached_prefill_shapes, fitting_shapes, measure_step_samples, mixed_step_shapes,
+                                  step_samples_from_timeline)
 from router.sim.cost_model import LinearStepCost, fit_linear_step_cost, prefill_attention_pairs
 from tests.http_app import serving
 
@@ -94,14 +95,15 @@ def test_cached_prefill_shapes_round_the_prefix_to_whole_blocks():
 
 
 @contextlib.contextmanager
-def _counting_engine():
-    """A fake /v1/completions on its own loop (measure_step_samples runs its own): answers at
-    once and records each prompt's word count."""
+def _counting_engine(s_per_token: float = 0.0):
+    """A fake /v1/completions on its own loop (measure_step_samples runs its own): answers
+    after ``s_per_token`` x max_tokens and records each prompt's word count."""
     seen: list[int] = []
 
     async def completions(request: web.Request) -> web.Response:
         body = await request.json()
         seen.append(len(body["prompt"].split()))
+        await asyncio.sleep(s_per_token * body["max_tokens"])
         return web.json_response({"choices": [{"text": "x"}]})
 
     app = web.Application()
@@ -123,7 +125,7 @@ def _counting_engine():
 def test_cached_prefix_prefills_send_the_prefix_first_and_know_their_pairs():
     with _counting_engine() as (url, seen):
         samples = measure_step_samples([url], "m", _Words(), prompt_tokens=64, decode_tokens=2, repeats=1,
-                                       decode_shapes=((1, 4),), block_size=16)
+                                       decode_shapes=((1, 4),), block_size=16, mixed_shapes=False)
     # warm-up, one decode shape (1-token and 3-token answers), the cold prompt, then per
     # cached shape (16 or 4 new after 64 or 16 cached) the prefix alone and prefix + new
     assert seen == [32, 4, 4, 64, 64, 80, 64, 68, 16, 20, 16, 32]
@@ -131,3 +133,42 @@ def test_cached_prefix_prefills_send_the_prefix_first_and_know_their_pairs():
     assert prefills == [(64, 64, prefill_attention_pairs(64, 0))] + [
         (n, c + n, prefill_attention_pairs(n, c)) for n, c in ((16, 64), (4, 64), (4, 16), (16, 16))]
     assert samples[0].attention_pairs is None  # a decode step: one query per sequence
+
+
+def test_mixed_step_shapes_fit_the_engines_and_round_the_prefix():
+    # 1,024-token prompt, blocks of 128, decode_tokens 32: each decoding sequence 64 + 128 + 1
+    # tokens = 2 blocks; 16 sequences + a 256-after-1,024 chunk = 32 + 10 = 42 blocks
+    assert mixed_step_shapes(1024, 128, 64, 64, 32) == [(8, 256, 0), (8, 64, 1024), (16, 128, 512), (16, 256, 1024)]
+    # 40 blocks: 90% = 36 -> the 16-sequence shapes (40 and 42 blocks) are left out
+    assert mixed_step_shapes(1024, 128, 40, 64, 32) == [(8, 256, 0), (8, 64, 1024)]
+    # max_num_seqs 16: 16 sequences leave no room for the chunk
+    assert mixed_step_shapes(1024, 128, 64, 16, 32) == [(8, 256, 0), (8, 64, 1024)]
+    assert mixed_step_shapes(1024, None, None, None, 32) == [(8, 256, 0), (8, 64, 1024), (16, 128, 512),
+                                                            (16, 256, 1024)]
+
+
+def test_a_chunk_inside_a_decoding_batch_is_one_mixed_step():
+    # each answer takes 20 ms per token: 8 sequences decode 4 x 8 = 32 tokens (640 ms) while
+    # 64-token chunks (one token, 20 ms) go in one after another from 2 decode steps after the
+    # batch's 1-token answers; a chunk's step is its latency minus half a decode step (20 ms)
+    with _counting_engine(s_per_token=0.02) as (url, seen):
+        samples = measure_step_samples([url], "m", _Words(), prompt_tokens=256, decode_tokens=8, repeats=1,
+                                       decode_shapes=((1, 4),), block_size=16)
+    mixed = [s for s in samples if s.mixed_steps == 1.0]
+    assert [(s.prefill_tokens, s.decode_seqs) for s in mixed] == [(64, 8), (16, 8), (32, 16), (64, 16)]
+    assert all(s.mixed_steps == 0.0 for s in samples if s not in mixed)
+    first = mixed[0]
+    assert first.context_tokens == 8 * (64 + 16) + 64
+    assert first.attention_pairs == 8 * (64 + 16) + prefill_attention_pairs(64, 0)
+    assert first.step_time_s == pytest.approx(0.02 - 0.01, abs=0.015)
+    # the 4 chunks of 16 new tokens went in after their 256-token prefix (and one cached-prefix
+    # prefill of that shape before)
+    assert seen.count(256 + 16) == 1 + 4
+
+
+def test_a_batch_that_ends_before_any_chunk_is_answered_gives_no_mixed_step():
+    # answers at once: the batch is over before a chunk goes in
+    with _counting_engine() as (url, _):
+        samples = measure_step_samples([url], "m", _Words(), prompt_tokens=256, decode_tokens=4, repeats=1,
+                                       decode_shapes=((1, 4),), block_size=16)
+    assert samples and all(s.mixed_steps == 0.0 for s in samples)

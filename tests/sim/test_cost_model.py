@@ -129,3 +129,46 @@ def test_a_scaled_profile_makes_every_step_longer_by_the_factor():
     for bad in (0.0, -1.0, float("nan"), float("inf"), "2", None, True):
         with pytest.raises(SimError, match="factor must be a positive number"):
             cost.scaled(bad)
+
+
+def test_a_step_that_mixes_a_chunk_with_decodes_costs_the_mixed_term():
+    cost = LinearStepCost(0.03, 0.001, 0.002, 1e-6, c_attention_s=3e-7, c_mixed_s=0.05)
+    pairs = 8 * 100 + prefill_attention_pairs(64, 1024)
+    alone = LinearStepCost(0.03, 0.001, 0.002, 1e-6, c_attention_s=3e-7)
+    assert cost.step_time_s(64, 8, 1888, pairs) == pytest.approx(alone.step_time_s(64, 8, 1888, pairs) + 0.05)
+    # a prefill-only or decode-only step does not mix
+    assert cost.step_time_s(64, 0, 1088, pairs) == alone.step_time_s(64, 0, 1088, pairs)
+    assert cost.step_time_s(0, 8, 800) == alone.step_time_s(0, 8, 800)
+
+
+def test_fit_recovers_the_mixed_term_from_chunks_inside_decode_batches():
+    truth = LinearStepCost(0.03, 0.0012, 0.0015, 3e-6, c_attention_s=3.5e-7, c_mixed_s=0.06)
+
+    def sample(n, d, c, dec_ctx=0):
+        ctx, pairs = dec_ctx + (c + n if n else 0), dec_ctx + (prefill_attention_pairs(n, c) if n else 0)
+        mixed = 1.0 if n and d else 0.0
+        return StepSample(n, d, ctx, truth.step_time_s(n, d, ctx, pairs), pairs if n else None, mixed_steps=mixed)
+
+    decode = [sample(0, d, 0, c) for d, c in ((1, 80), (8, 640), (16, 5056), (24, 5184))]
+    prefill = [sample(n, 0, c) for n, c in ((1024, 0), (256, 1024), (64, 1024), (64, 128))]
+    mixed = [sample(n, d, c, d * 192) for d, n, c in ((8, 256, 0), (8, 64, 1024), (16, 128, 512))]
+    fit = fit_linear_step_cost(decode + prefill + mixed)
+    for name in ("c0_s", "c_prefill_s", "c_decode_s", "c_context_s", "c_attention_s", "c_mixed_s"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    # without mixed samples, or with one sample whose share of mixed steps is unknown (a live
+    # interval's mean), the term stays 0
+    assert fit_linear_step_cost(decode + prefill).c_mixed_s == 0.0
+    unknown = StepSample(40, 6, 3000, 0.2)
+    assert fit_linear_step_cost(decode + prefill + mixed + [unknown]).c_mixed_s == 0.0
+
+
+def test_saved_samples_learn_they_did_not_mix_where_their_shape_says_so():
+    # saved before mixed_steps existed: decode-only and prefill-only samples did not mix
+    for d in ({"prefill_tokens": 0, "decode_seqs": 8, "context_tokens": 640, "step_time_s": 0.04},
+              {"prefill_tokens": 256, "decode_seqs": 0, "context_tokens": 1280, "step_time_s": 0.4}):
+        assert StepSample.from_saved(d).mixed_steps == 0.0
+    # an interval mean with both stays unknown; a saved value is kept
+    assert StepSample.from_saved({"prefill_tokens": 20, "decode_seqs": 4, "context_tokens": 900,
+                                  "step_time_s": 0.1}).mixed_steps is None
+    assert StepSample.from_saved({"prefill_tokens": 20, "decode_seqs": 4, "context_tokens": 900,
+                                  "step_time_s": 0.1, "mixed_steps": 1.0}).mixed_steps == 1.0
