@@ -83,6 +83,7 @@ from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
 from router.sim.experiments import aggregate, best_sweep_label, headline, table5_markdown
+from router.sim.metrics import step_figures
 from router.sim.simulator import SignalConfig, SimConfig, Simulation
 from router.sim.trace import read_trace, write_trace
 from router.sim.workload import ClassSpec, LengthDist, WorkloadConfig, generate_trace
@@ -420,6 +421,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      + (f"{statistics.fmean(caps):.0%} of the time" if caps else "n/a (no class caps)")
                      + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
     lines.append("")
+    lines += _steps_section(per_seed, order)
     lines += _cpu_section(per_seed, order)
     text = "\n".join(lines)
     (out / "summary.md").write_text(text)
@@ -428,6 +430,48 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     Console(width=160).print(text)
     return text
+
+
+def real_step_figures(timeline: list[dict], window: tuple[float, float]) -> dict | None:
+    """:func:`router.sim.metrics.step_figures` of the real engines over ``window``, from the
+    first and last timeline samples in it that carry the engines' step counters (None: fewer
+    than two, e.g. runs recorded before the counters were scraped). The time in steps is
+    the wall time x engines: the engines' mean step when they never idle, more when they do."""
+    pts = [p for p in timeline if window[0] <= p["t_s"] <= window[1] and p.get("steps")]
+    if len(pts) < 2:
+        return None
+    a, b = pts[0], pts[-1]
+    dt = b["t_s"] - a["t_s"]
+    delta = {k: sum(y - x for x, y in zip(a[k], b[k])) for k in ("steps", "computed_prompt", "generated")}
+    return step_figures(delta["steps"], dt, dt * len(a["steps"]), delta["computed_prompt"], delta["generated"])
+
+
+def _steps_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+    """Real against simulated engine steps per run (calibration profile; runs without step
+    counters or an ``engine_steps`` replay: left out; none: no section)."""
+    cols = (("steps_per_s", "steps/s", ".1f"), ("ms_per_step", "ms per step", ".0f"),
+            ("prefill_tokens_per_step", "prefill tokens per step", ".1f"),
+            ("decode_seqs_per_step", "decoding sequences per step", ".1f"))
+    rows: dict[str, list[tuple[dict, dict]]] = {}
+    for _, results in per_seed:
+        for r in results:
+            real = real_step_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
+            sim = (r.get("sim") or {}).get("engine_steps")
+            if real and sim:
+                rows.setdefault(r["label"], []).append((real, sim))
+    if not rows:
+        return []
+    lines = ["### Engine steps, real vs simulator (calibration profile; both engines summed, whole run, mean over "
+             "seeds; a real step's ms is wall time per step, an upper bound where an engine idled)", "",
+             "| Router | " + " | ".join(f"{name} real | sim" for _, name, _ in cols) + " |",
+             "|---|" + "---|---|" * len(cols)]
+    for label in order:
+        pairs = rows.get(label)
+        if pairs:
+            lines.append(f"| {label} | " + " | ".join(
+                f"{statistics.fmean(p[0][k] for p in pairs):{fmt}} | {statistics.fmean(p[1][k] for p in pairs):{fmt}}"
+                for k, _, fmt in cols) + " |")
+    return lines + [""]
 
 
 CPU_ROLES = (("engine_worker", "engine workers (model)"), ("engine_core", "engine cores (scheduler)"),

@@ -219,19 +219,32 @@ def policy_caps(state: object, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def step_figures(steps: float, window_s: float, step_s: float, prefill_tokens: float, generated: float) -> dict:
+    """The engines' steps over a window, summed over engines: ``steps_per_s``,
+    ``ms_per_step`` (``step_s``, the time the engines spent in steps, per step),
+    ``prefill_tokens_per_step`` (computed prompt tokens, cache hits excluded) and
+    ``decode_seqs_per_step`` (generated tokens per step); the last three are 0 without steps."""
+    return {"steps_per_s": steps / window_s if window_s > 0 else 0.0,
+            "ms_per_step": 1000 * step_s / steps if steps else 0.0,
+            "prefill_tokens_per_step": prefill_tokens / steps if steps else 0.0,
+            "decode_seqs_per_step": generated / steps if steps else 0.0}
+
+
 def summarize(sim: SimRun, n_events: int) -> dict:
     """The run's metrics over its window [start, stop] (see module docstring)."""
     w, wc = sim._window, sim._window_counters
     if "start" in w and w["stop"] > w["start"]:
         t0, t1, c0, c1 = w["start"], w["stop"], wc["start"], wc["stop"]
     else:  # no steady state: measure the whole run
-        t0, t1, c0, c1 = 0.0, w["end"], [(0, 0, 0, 0.0, 0)] * len(wc["end"]), wc["end"]
+        t0, t1, c0, c1 = 0.0, w["end"], [(0, 0, 0, 0.0, 0, 0, 0)] * len(wc["end"]), wc["end"]
     dur_s = max(t1 - t0, 1e-9)
     dq = sum(b[0] - a[0] for a, b in zip(c0, c1))
     dh = sum(b[1] - a[1] for a, b in zip(c0, c1))
     dgen = sum(b[2] - a[2] for a, b in zip(c0, c1))
     dbusy = sum(b[3] - a[3] for a, b in zip(c0, c1))
     dpre = sum(b[4] - a[4] for a, b in zip(c0, c1))
+    dsteps = sum(b[5] - a[5] for a, b in zip(c0, c1))
+    dprefill = sum(b[6] - a[6] for a, b in zip(c0, c1))
     fin = np.asarray(sim.log.finished_s)
     in_win = (fin >= t0) & (fin <= t1)
     prompts = np.asarray(sim.log.prompt_tokens)
@@ -268,6 +281,7 @@ def summarize(sim: SimRun, n_events: int) -> dict:
         "length_adjusted_samples_per_min": comp["total"]["length_adjusted_samples_per_min"],
         "decode_tokens_per_sample": comp["total"]["decode_tokens_per_sample"],
         "engine_busy_frac": dbusy / (dur_s * len(sim.engines)),
+        "engine_steps": step_figures(dsteps, dur_s, dbusy, dprefill, dgen),
         "preemptions": int(dpre),
         "agent_tool_gap_share": gap / (gap + model) if gap + model else 0.0,
         "units_released": sum(sim.trainer.released.values()),

@@ -331,7 +331,8 @@ class Simulation:
         self._window[edge] = self.now
         self._window_counters[edge] = [
             (e.counters.prefix_queries_tokens, e.counters.prefix_hits_tokens, e.counters.generation_tokens,
-             e.counters.busy_s, e.counters.preemptions) for e in self.engines
+             e.counters.busy_s, e.counters.preemptions, e.clock, e.counters.prefill_computed_tokens)
+            for e in self.engines
         ]
 
     def _key(self, name: str) -> int:

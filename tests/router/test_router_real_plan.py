@@ -179,6 +179,9 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
         assert r0["cpu_profile"]["c0_s"] == pytest.approx(1.2 * saved["calibration"]["profile"]["c0_s"])
         assert 0 < r0["sim_cpu"]["samples_per_min"] < r0["sim"]["samples_per_min"]
     assert "step costs from the calibration, scaled to the CPU the engines' model threads had in the run" in summary
+    # real against simulated engine steps, both runs (their timelines carry the counters)
+    steps_table = summary.split("### Engine steps, real vs simulator")[1].split("###")[0]
+    assert "| vllm-router c=4 | " in steps_table and "| misa_t c=8 | " in steps_table
     # the CPU each role used during a run (a run saved without it is left out of the table)
     assert "| vllm-router c=4 | 1.50 | 0.30 | 0.00 | 0.05 | 0.00 | 0.00 |" in summary
     assert "| misa_t c=8 | " not in summary.split("### CPU used")[1]
@@ -319,3 +322,24 @@ def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, c
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert expected in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_real_step_figures_from_a_hand_made_timeline():
+    """Both engines' steps between the first and last samples with counters in the window;
+    none without two such samples."""
+    from bench.router_real import real_step_figures
+
+    def point(t, steps, prompt, gen):
+        return {"t_s": t, "steps": steps, "computed_prompt": prompt, "generated": gen}
+
+    timeline = [point(0.0, [0, 0], [0, 0], [0, 0]),  # before the window
+                point(10.0, [100, 50], [1000, 0], [400, 100]),
+                {"t_s": 15.0},  # no counters: skipped
+                point(20.0, [300, 150], [3000, 1000], [1400, 300]),
+                point(99.0, [900, 900], [0, 0], [0, 0])]  # after the window
+    f = real_step_figures(timeline, (5.0, 30.0))
+    # 300 steps in 10 s, 2 engines x 10 s = 20 s of engine time; 3,000 prompt and 1,200 generated tokens
+    assert f == {"steps_per_s": pytest.approx(30.0), "ms_per_step": pytest.approx(20_000 / 300),
+                 "prefill_tokens_per_step": pytest.approx(10.0), "decode_seqs_per_step": pytest.approx(4.0)}
+    assert real_step_figures(timeline[:2], (5.0, 30.0)) is None
+    assert real_step_figures([{"t_s": 10.0, "running": [1]}, {"t_s": 20.0, "running": [1]}], (0.0, 30.0)) is None

@@ -255,3 +255,27 @@ def test_a_shift_run_reports_each_phase_and_the_longer_outputs_after_it(mini_tra
         assert fig["samples_per_min"] > 0 and 0 < fig["prefix_hit_rate"] <= 1
     # rlvr outputs x3 after the shift: the same ceiling completes fewer samples per minute
     assert phases["after_shift"]["samples_per_min"] < phases["before_shift"]["samples_per_min"]
+
+
+def test_the_summary_counts_the_engines_steps_of_its_window(mini_trace):
+    cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64),
+                    cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture=MIX, ceiling=8,
+                    context_limit_tokens=LIMIT, horizon_s=60.0)
+    marks = {}
+    sim = Simulation(cfg, mini_trace, make_policy("round_robin", {}))
+    mark = sim._mark_window
+
+    def recording(edge: str) -> None:  # the engines' own counters at each window edge
+        mark(edge)
+        marks[edge] = [(e.clock, e.counters.busy_s, e.counters.prefill_computed_tokens, e.counters.generation_tokens)
+                       for e in sim.engines]
+
+    sim._mark_window = recording
+    s = sim.run().summary
+    d = [sum(b[j] - a[j] for a, b in zip(marks["start"], marks["stop"])) for j in range(4)]
+    window = s["window_s"][1] - s["window_s"][0]
+    figures = s["engine_steps"]
+    assert d[0] > 0 and figures["steps_per_s"] * window == pytest.approx(d[0])
+    assert figures["ms_per_step"] == pytest.approx(1000 * d[1] / d[0])
+    assert figures["prefill_tokens_per_step"] == pytest.approx(d[2] / d[0]) and d[2] > 0
+    assert figures["decode_seqs_per_step"] == pytest.approx(d[3] / d[0]) and d[3] > 0
