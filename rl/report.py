@@ -32,14 +32,18 @@ def iteration_lines(history: Sequence[Mapping]) -> list[Mapping]:
 
 def progress_line(m: Mapping) -> str:
     """One iteration's progress text (beside the bar, or the log line ``rl.train`` prints
-    per iteration): its time, samples/min, prefix hit rate and TV distance; an iteration in
-    which no rollout finished (its step trained groups collected during the previous update)
-    says so instead of the rates it does not have."""
+    per iteration): its time, samples/min, prefix hit rate, TV distance and the mean reward
+    per class of the rollouts that finished in it (``rollout_reward_by_class``, classes in
+    name order); an iteration in which no rollout finished (its step trained groups
+    collected during the previous update) says so instead of the rates it does not have."""
     tv = m.get("tv_distance")
     tail = f"  TV {tv:.3f}" if tv is not None else ""
     hit = m.get("prefix_hit_rate")
     if hit is None:
         return f"iter {m['iteration_s']:.0f}s  update only (no rollout finished during it){tail}"
+    rewards = m.get("rollout_reward_by_class") or {}
+    if rewards:
+        tail += "  reward " + " ".join(f"{b} {v:.2f}" for b, v in sorted(rewards.items()))
     return f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  hit {hit:.0%}{tail}"
 
 

@@ -183,6 +183,10 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
                                        sampling=OmegaConf.to_container(tcfg.sampling, resolve=True)).run
     # Learner (rl/learner.py, rl/grpo.py): the GRPO update on the finished samples.
     console.print("loading the learner ...")
+    if not console.is_terminal:  # into a log: no weight-loading bar redrawn with carriage returns
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     learner = await asyncio.to_thread(make_learner, stack.model_path, learner_config(tcfg), group)
     keep_last = int(tcfg.checkpoint_keep_last)
     disk = learner.disk_estimate(keep_last)
@@ -223,6 +227,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
             flat[f"rollout_reward/{b}"] = v
         run.log(flat, step=int(m["iteration"]))
         if "iteration_s" not in m:  # the step-0 evaluation line
+            scores = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in flat.items() if k.startswith("eval/"))
+            console.print(f"step 0 (initial weights): {scores or 'evaluated'}; rollouts for iteration 1 ...")
             return
         line = progress_line(m)
         progress.update(bar, completed=int(m["iteration"]), description=line)
@@ -259,6 +265,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     try:
         if resumed:  # the engines started with the initial weights: serve the resumed ones
             await asyncio.to_thread(sync.sync, learner, learner.version)
+        if not resumed and tcfg.eval_every:
+            console.print("evaluating the initial weights on the held-out problems (step 0) ...")
         with progress:
             await trainer.evaluate_baseline()
             history = await trainer.run()

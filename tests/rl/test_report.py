@@ -160,3 +160,6 @@ def test_the_progress_line_says_when_an_iteration_only_updated():
     # no rollout finished: no rates, not an empty line
     update_only = {"iteration_s": 44.2, "samples_per_min": 0.0, "prefix_hit_rate": None, "tv_distance": 0.058}
     assert progress_line(update_only) == "iter 44s  update only (no rollout finished during it)  TV 0.058"
+    # the mean reward per class of the rollouts that finished in the iteration, in class order
+    rewarded = dict(full, rollout_reward_by_class={"rlvr": 0.25, "agent": 0.875})
+    assert progress_line(rewarded) == "iter 180s  samples/min 29.4  hit 75%  TV 0.072  reward agent 0.88 rlvr 0.25"
