@@ -26,8 +26,9 @@ engine step of known batch (:class:`~router.sim.cost_model.StepSample`):
   arrived, so that step took the chunk's latency minus half the batch's decode step. Only
   chunks answered while the batch still decoded count. These steps mix a prefill chunk with
   decodes, as most steps of a loaded engine do, and cost more than the chunk alone plus the
-  decodes (``c_mixed_s``): on the CPU engines real runs' mean steps were 35-60% longer than a
-  profile fitted to prefill-only and decode-only steps said, in the intervals with prefill.
+  decodes (``c_mixed_s``): on the CPU engines a profile fitted to prefill-only and
+  decode-only steps missed these by 6-19%, and real runs' 5-s intervals with 2-150 prefill
+  tokens per step took 49-75% longer than it said.
 
 Every shape is measured ``repeats`` times and the median kept. A shape whose sequences do
 not fit in the engines' KV cache (or exceed ``max_num_seqs``) is skipped: a preempted
@@ -64,6 +65,10 @@ MIXED_SHAPES: tuple[tuple[int, float, float], ...] = ((8, 1 / 4, 0.0), (8, 1 / 1
 
 #: Prompt tokens of each decoding sequence of a mixed-step measurement.
 MIXED_DECODE_PROMPT_TOKENS = 64
+
+#: A mixed-step measurement's sequences decode this many times ``decode_tokens``, so that
+#: they still decode while its chunks go in one after another.
+MIXED_BATCH_DECODE_FACTOR = 4
 
 #: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
 #: contexts a loaded engine runs (the CPU benchmark's engines hold 8,192 KV tokens and run
@@ -187,7 +192,7 @@ async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, de
         for (new, cached), ts in warm.items():
             samples.append(StepSample(new, 0, cached + new, statistics.median(ts), prefill_attention_pairs(new, cached),
                                       mixed_steps=0.0))
-        batch_tokens = 4 * decode_tokens  # the batch decodes while the chunks go in
+        batch_tokens = MIXED_BATCH_DECODE_FACTOR * decode_tokens
         for streams, new, cached in mixed_shapes:
             steps, latencies = [], []
             for _ in range(repeats):
@@ -215,18 +220,19 @@ def mixed_step_shapes(prompt_tokens: int, block_size: int | None, kv_blocks: int
     ``fractions`` of ``prompt_tokens`` as in :func:`cached_prefill_shapes` (cached 0 stays 0:
     a cold chunk), left out where the sequences and one chunk with its prefix would not fit
     at once: more than ``max_num_seqs`` - 1 sequences, or over 90% of ``kv_blocks`` (each
-    sequence ``ceil((MIXED_DECODE_PROMPT_TOKENS + 4 * decode_tokens + 1) / block_size)``
-    blocks). ``None`` limits are not checked."""
+    sequence ``ceil((MIXED_DECODE_PROMPT_TOKENS + MIXED_BATCH_DECODE_FACTOR * decode_tokens
+    + 1) / block_size)`` blocks). ``None`` limits are not checked."""
     out: list[tuple[int, int, int]] = []
     for streams, f_new, f_cached in fractions:
         new = max(1, int(prompt_tokens * f_new))
         cached = int(prompt_tokens * f_cached)
-        if cached and block_size:
+        if cached and block_size:  # whole blocks, at least one; a cold chunk stays cold
             cached = max(block_size, cached // block_size * block_size)
         if cached > prompt_tokens or (max_num_seqs is not None and streams > max_num_seqs - 1):
             continue
         if kv_blocks is not None and block_size:
-            need = (streams * math.ceil((MIXED_DECODE_PROMPT_TOKENS + 4 * decode_tokens + 1) / block_size)
+            need = (streams * math.ceil((MIXED_DECODE_PROMPT_TOKENS + MIXED_BATCH_DECODE_FACTOR * decode_tokens + 1)
+                                        / block_size)
                     + math.ceil((cached + new) / block_size))
             if need > 0.9 * kv_blocks:
                 continue
