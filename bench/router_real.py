@@ -422,7 +422,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
     lines.append("")
     lines += _steps_section(per_seed, order)
-    lines += _cpu_section(per_seed, order)
+    lines += _cpu_section(per_seed, order, _calibration_cpu(out))
     text = "\n".join(lines)
     (out / "summary.md").write_text(text)
     summary = {"seeds": seeds, "regime": regimes, "windows": per_window}
@@ -479,9 +479,21 @@ CPU_ROLES = (("engine_worker", "engine workers (model)"), ("engine_core", "engin
 """The roles of :func:`common.cpu_time.engine_job_role`, in table order, with their column names."""
 
 
-def _cpu_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+def _calibration_cpu(out: Path) -> dict | None:
+    """``cpu_cores`` of the calibration saved in ``out/calibration.json`` (None: no such file,
+    or one saved before it was recorded or unreadable)."""
+    try:
+        cores = json.loads((out / "calibration.json").read_text()).get("cpu_cores")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return cores if isinstance(cores, dict) else None
+
+
+def _cpu_section(per_seed: list[tuple[int, list[dict]]], order: list[str],
+                 calibration: dict | None = None) -> list[str]:
     """Mean cores each role of the job used during each run (runs saved before ``cpu_cores``
-    was recorded: left out; nothing recorded: no section)."""
+    was recorded: left out; nothing recorded: no section), and during the calibration on
+    idle engines when its ``cpu_cores`` are given."""
     per_label: dict[str, list[dict]] = {}
     for _, results in per_seed:
         for r in results:
@@ -498,6 +510,9 @@ def _cpu_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> li
         if runs:
             lines.append(f"| {label} | " + " | ".join(
                 f"{statistics.fmean(c.get(role, 0.0) for c in runs):.2f}" for role, _ in CPU_ROLES) + " |")
+    if calibration:
+        lines.append("| calibration (idle engines, before the runs) | " + " | ".join(
+            f"{calibration.get(role, 0.0):.2f}" for role, _ in CPU_ROLES) + " |")
     return lines + [""]
 
 

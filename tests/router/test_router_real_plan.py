@@ -154,6 +154,14 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert multi.returncode == 0, multi.stderr
     summary = (tmp_path / "multi" / "summary.md").read_text()
+    # the calibration's CPU joins the CPU table when its calibration.json is beside the seeds
+    assert "| calibration" not in summary
+    (tmp_path / "multi" / "calibration.json").write_text(json.dumps(calibration))
+    with_cal = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path / "multi")],
+                              capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert with_cal.returncode == 0, with_cal.stderr
+    assert "| calibration (idle engines, before the runs) | 1.80 | 0.00 |" in (
+        tmp_path / "multi" / "summary.md").read_text()
     # a backup folder beside the seeds is not a seed; a seed without its trace is refused
     # before any folder is rewritten
     shutil.copytree(tmp_path / "multi" / "seed-1", tmp_path / "multi" / "seed-1-old")
