@@ -195,7 +195,7 @@ async def _measure(urls: Sequence[str], model: str, text, prompt_tokens: int, de
         batch_tokens = MIXED_BATCH_DECODE_FACTOR * decode_tokens
         for streams, new, cached in mixed_shapes:
             steps, latencies = [], []
-            for _ in range(repeats):
+            for _ in range(repeats):  # the batch's own decode step, timed beside its chunks (engines drift)
                 step, t1 = await _decode_step(http, urls, model, text, MIXED_DECODE_PROMPT_TOKENS, streams,
                                               decode_tokens)
                 steps.append(step)

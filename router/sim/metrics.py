@@ -236,7 +236,8 @@ def summarize(sim: SimRun, n_events: int) -> dict:
     if "start" in w and w["stop"] > w["start"]:
         t0, t1, c0, c1 = w["start"], w["stop"], wc["start"], wc["stop"]
     else:  # no steady state: measure the whole run
-        t0, t1, c0, c1 = 0.0, w["end"], [(0, 0, 0, 0.0, 0, 0, 0)] * len(wc["end"]), wc["end"]
+        t0, t1, c1 = 0.0, w["end"], wc["end"]
+        c0 = [(0,) * len(c) for c in c1]  # every counter from 0
     dur_s = max(t1 - t0, 1e-9)
     dq = sum(b[0] - a[0] for a, b in zip(c0, c1))
     dh = sum(b[1] - a[1] for a, b in zip(c0, c1))
