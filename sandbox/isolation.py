@@ -127,7 +127,9 @@ class IsolationConfig:
 
     bwrap: str = "bwrap"
     runtime_paths: tuple[str, ...] = field(default_factory=lambda: tuple(_default_runtime_paths()))
-    python_bin: str = field(default_factory=lambda: str(Path(sys.prefix) / "bin"))
+    # resolved like the bound runtime paths: a venv reached through a symbolic link is bound
+    # at its real path, and the link itself does not exist inside the sandbox
+    python_bin: str = field(default_factory=lambda: str(Path(sys.prefix).resolve() / "bin"))
     tmp_size_bytes: int = 256 * 1024**2
     uid_base: int = 200_000
     unsafe_no_isolation: bool = False

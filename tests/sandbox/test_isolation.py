@@ -190,3 +190,21 @@ def test_uid_is_never_shared_between_processes(tmp_path):
     assert first != second
     a.give_back(first)
     assert b.take(900_000) == first
+
+
+def test_a_venv_reached_through_a_link_is_on_path_at_its_bound_real_path(tmp_path, monkeypatch):
+    # a user's .venv that is a symbolic link to a venv elsewhere: the sandbox binds the
+    # real folder, so PATH must name it there (the link does not exist inside)
+    import sys
+
+    from sandbox.isolation import IsolationConfig
+
+    real = tmp_path / "real-venv"
+    (real / "bin").mkdir(parents=True)
+    link = tmp_path / "clone" / ".venv"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    monkeypatch.setattr(sys, "prefix", str(link))
+    cfg = IsolationConfig()
+    assert cfg.python_bin == str(real / "bin")
+    assert str(real) in cfg.runtime_paths
