@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from agents.chat import ByteTokenizer, ChatFormat, ChatRenderer, HFTokenizer, Tokenizer
 from agents.envs.constant_fix import LEVELS as CONSTANT_FIX_LEVELS
-from agents.envs.task import Task, TaskError, load_tasks
+from agents.envs.task import Task, TaskError, load_tasks, task_problem
 from agents.loop import (DEFAULT_DEMONSTRATIONS, DEFAULT_SYSTEM_PROMPT, TOOL_LISTINGS, Demonstration,
                          EpisodeConfig, EpisodeLimits, EpisodeResult, run_episode)
 from rollout.client import ModelClient
@@ -161,6 +161,36 @@ def demonstrations(node: Any, fmt: ToolCallFormat) -> tuple[Demonstration, ...]:
             raise AgentServerError(f"{where}: {e}") from None
         shown.append(demo)
     return tuple(shown)
+
+
+def check_tasks_run(cfg: DictConfig) -> None:
+    """Refuse to serve where the sandbox cannot reward a task: the first task of each task set
+    (``tasks_path``, ``extra_tasks_paths``) has its tests run on its unchanged snapshot in the
+    episodes' sandbox (:func:`agents.envs.task.task_problem`; a second or two per set).
+
+    Without this a sandbox that cannot start the tests (measured: a virtual environment
+    reached through a symbolic link left ``python`` off the sandbox's PATH) scores every
+    episode 0, and training goes on with agent rewards that say nothing.
+
+    Raises:
+        AgentServerError: a checked task's tests do not run (the message names the task, the
+            tests, the command's exit status and output) or the sandbox cannot start.
+    """
+    ep = episode_config(cfg)
+    for spec in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
+        if spec is None:
+            continue
+        first = next(iter(load_tasks(task_set_path(str(spec))).values()), None)
+        if first is None:
+            continue
+        try:
+            problem = asyncio.run(task_problem(first, isolation=ep.isolation, limits=ep.test_limits,
+                                               root=ep.workspace_root))
+        except SandboxError as e:
+            problem = f"task {first.instance_id}: the sandbox cannot start: {e}"
+        if problem:
+            raise AgentServerError(f"task set {spec}: {problem}. No agent episode could earn a reward; "
+                                   "fix this before serving (the sandbox options under sandbox.*, or the task set).")
 
 
 def load_task_sets(cfg: DictConfig) -> dict[str, Task]:
@@ -454,6 +484,7 @@ def serve(cfg: DictConfig) -> None:
     episode_config(cfg).isolation.check()
     _options(ChatFormat, cfg.chat_format, "chat_format")
     tasks = load_task_sets(cfg)  # a bad task file is refused before the server says where it listens
+    check_tasks_run(cfg)
 
     sock = listening_socket(cfg.host, cfg.port)  # an address in use: one error line, before anything starts
 

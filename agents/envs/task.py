@@ -137,11 +137,14 @@ class TestReport:
         outcomes: node id -> ``passed``, ``failed``, ``error`` or ``skipped``.
         messages: node id -> first line of the failure message (failed/error only).
         command: the CommandResult of the run (exit code, output, timing).
+        reported: pytest wrote its report (False: the command did not start, collection
+            crashed or it timed out; every requested id is then ``error``).
     """
 
     outcomes: dict[str, str]
     messages: dict[str, str]
     command: CommandResult
+    reported: bool = True
 
     def passed(self, node_id: str) -> bool:
         """True when ``node_id`` ran and passed."""
@@ -195,10 +198,12 @@ async def run_tests(ws: Workspace, test_cmd: str, node_ids: Iterable[str] = (),
     result = await ws.run(cmd, limits=limits)
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
+    reported = False
     try:
         report = ws.resolve(_REPORT_FILE)
         if report.is_file():
             outcomes, messages = parse_junit(report.read_text(errors="replace"))
+            reported = True
             report.unlink()
     except (SandboxError, ET.ParseError):
         pass
@@ -206,7 +211,7 @@ async def run_tests(ws: Workspace, test_cmd: str, node_ids: Iterable[str] = (),
         if node not in outcomes:
             outcomes[node] = "error"
             messages.setdefault(node, "test did not run (not found, collection error or timeout)")
-    return TestReport(outcomes, messages, result)
+    return TestReport(outcomes, messages, result, reported)
 
 
 async def evaluate(ws: Workspace, task: Task, limits: Limits | None = None) -> tuple[float, TestReport]:
@@ -214,3 +219,48 @@ async def evaluate(ws: Workspace, task: Task, limits: Limits | None = None) -> t
     report = await run_tests(ws, task.test_cmd, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS], limits)
     ok = all(report.passed(t) for t in (*task.FAIL_TO_PASS, *task.PASS_TO_PASS))
     return (1.0 if ok else 0.0), report
+
+
+async def task_problem(task: Task, test_patch: str = "", isolation=None, limits: Limits | None = None,
+                       root: str | Path | None = None) -> str:
+    """Why ``task`` cannot be rewarded ('' when it can): its tests on the unchanged snapshot.
+
+    PASS_TO_PASS tests must pass and FAIL_TO_PASS tests must not all pass already. A test
+    command that wrote no report at all (it could not start, e.g. exit 127 for a command not
+    found in the sandbox) is named with its exit status and the end of its output: then no
+    task can be rewarded in this sandbox, whatever an agent does.
+
+    Args:
+        task: the task; its snapshot is copied into a fresh workspace.
+        test_patch: a diff applied before the tests (SWE-bench's new tests); '' for none.
+        isolation: the sandbox's :class:`sandbox.IsolationConfig` (None: the default).
+        limits: the test run's limits.
+        root: the folder workspaces are made in (None: the default).
+
+    Raises:
+        SandboxError: the sandbox cannot start.
+    """
+    async with Workspace.create(task.snapshot, root=root, isolation=isolation, limits=limits) as ws:
+        try:
+            await ws.apply_patch(test_patch)
+        except SandboxError as e:
+            return f"task {task.instance_id}: its test_patch does not apply: {e}"
+        _reward, report = await evaluate(ws, task, limits)
+    broken = [t for t in task.PASS_TO_PASS if not report.passed(t)]
+    if broken:
+        why = (f"PASS_TO_PASS {describe_outcomes(report, broken)} not passing on the unchanged snapshot")
+        if not report.reported:
+            tail = (report.command.stderr or report.command.stdout).strip()[-400:]
+            why += (f"; the test command `{task.test_cmd}` wrote no report (exit status "
+                    f"{report.command.exit_code}{', timed out' if report.command.timed_out else ''}: {tail!r})")
+        return f"task {task.instance_id}: its tests do not run: {why}; check test_cmd, the snapshot, the test ids and the sandbox"
+    if task.FAIL_TO_PASS and all(report.passed(t) for t in task.FAIL_TO_PASS):
+        return (f"task {task.instance_id}: every FAIL_TO_PASS test already passes on the "
+                "unchanged snapshot; the task is not a bug")
+    return ""
+
+
+def describe_outcomes(report: TestReport, ids: list[str]) -> str:
+    """The first three of ``ids`` with their outcome and message, for an error."""
+    return "; ".join(f"{t} ({report.outcomes.get(t)}: {report.messages.get(t, '')})" for t in ids[:3])
+

@@ -40,7 +40,7 @@ from typing import Any, Iterable
 import httpx
 
 from agents.chat import ChatFormat, ChatRenderer, Tokenizer
-from agents.envs.task import Task, TaskError, TestReport, evaluate
+from agents.envs.task import Task, TaskError, evaluate, task_problem
 from agents.loop import EpisodeConfig, run_episode
 from rollout.client import ModelClient
 from router.headers import SessionHeaders
@@ -197,36 +197,6 @@ async def apply_like_harness(ws: Workspace, patch: str) -> str:
     raise SandboxError(f"patch does not apply to workspace {ws.path}: " + " | ".join(reasons))
 
 
-async def task_problem(task: Task, test_patch: str = "", isolation=None,
-                           limits: Limits | None = None) -> str:
-    """Why ``task`` cannot be evaluated ('' when it can): its tests on the unchanged snapshot.
-
-    PASS_TO_PASS tests must pass and FAIL_TO_PASS tests must not all pass already.
-
-    Raises:
-        SandboxError: the sandbox cannot start.
-    """
-    async with Workspace.create(task.snapshot, isolation=isolation, limits=limits) as ws:
-        try:
-            await ws.apply_patch(test_patch)
-        except SandboxError as e:
-            return f"task {task.instance_id}: its test_patch does not apply: {e}"
-        _reward, report = await evaluate(ws, task, limits)
-    broken = [t for t in task.PASS_TO_PASS if not report.passed(t)]
-    if broken:
-        return (f"task {task.instance_id}: its tests do not run: PASS_TO_PASS "
-                f"{_describe(report, broken)} not passing on the unchanged snapshot; check "
-                "test_cmd, the snapshot and the test ids")
-    if task.FAIL_TO_PASS and all(report.passed(t) for t in task.FAIL_TO_PASS):
-        return (f"task {task.instance_id}: every FAIL_TO_PASS test already passes on the "
-                "unchanged snapshot; the task is not a bug")
-    return ""
-
-
-def _describe(report: TestReport, ids: list[str]) -> str:
-    return "; ".join(f"{t} ({report.outcomes.get(t)}: {report.messages.get(t, '')})" for t in ids[:3])
-
-
 @dataclass
 class SweBenchmark:
     """SWE-style tasks run as agent episodes and graded by the resolved rule.
@@ -289,8 +259,8 @@ class SweBenchmark:
                 return p
             async with sem:
                 try:
-                    error = await task_problem(task_of(p), p.payload["test_patch"],
-                                                   self.episode.isolation, self.episode.test_limits)
+                    error = await task_problem(task_of(p), p.payload["test_patch"], self.episode.isolation,
+                                               self.episode.test_limits, root=self.episode.workspace_root)
                 except SandboxError as e:
                     error = f"task {p.problem_id}: sandbox failed: {e}"
             return EvalProblem(p.problem_id, p.payload, error)

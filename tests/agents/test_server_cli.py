@@ -69,3 +69,33 @@ def test_a_missing_task_file_is_refused_before_the_server_says_where_it_listens(
     assert "is neither a task file nor a built-in set" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "agent server on" not in r.stdout + r.stderr  # it never claimed to serve
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_a_sandbox_that_cannot_run_the_tests_is_refused_at_start(tmp_path):
+    # The handmade task with a test command the sandbox cannot start (as `python` was, when the
+    # venv was reached through a link): every reward would be 0, so the server does not start.
+    from agents.envs.task import load_tasks, write_tasks
+    from agents.server import HANDMADE_TASKS
+    import dataclasses
+
+    task = next(iter(load_tasks(HANDMADE_TASKS).values()))
+    path = tmp_path / "tasks.jsonl"
+    write_tasks([dataclasses.replace(task, test_cmd="no-such-command-in-the-sandbox -m pytest")], path)
+    r = _run(f"tasks_path={path}", "extra_tasks_paths=[]", "router_url=http://127.0.0.1:1")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: task set "), r.stderr
+    assert f"task {task.instance_id}: its tests do not run" in lines[0]
+    assert "exit status 127" in lines[0] and "no-such-command-in-the-sandbox" in lines[0]
+    assert "No agent episode could earn a reward" in lines[0]
+    assert "agent server on" not in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_the_builtin_task_sets_pass_the_start_check():
+    # The check the server runs at start, on the sets the default recipe serves: their tests run.
+    from agents.server import check_tasks_run
+    from common.config import compose
+
+    cfg = compose("agent_server", ["extra_tasks_paths=[handmade,constant_fix_l1]"])
+    check_tasks_run(cfg)

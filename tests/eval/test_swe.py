@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from agents.chat import ByteTokenizer
-from agents.envs.task import load_tasks
+from agents.envs.task import load_tasks, task_problem
 from agents.loop import EpisodeConfig, EpisodeLimits
 from agents.server import HANDMADE_TASKS
 from rl.evaluation import EvalError, EvalSettings, SweBenchmark, evaluate
-from rl.evaluation.swe import grade_patch, load_task_problems, task_of, task_problem
+from rl.evaluation.swe import grade_patch, load_task_problems, task_of
 
 HANDMADE = load_tasks(HANDMADE_TASKS)
 
