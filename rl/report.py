@@ -47,6 +47,15 @@ def progress_line(m: Mapping) -> str:
     return f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  hit {hit:.0%}{tail}"
 
 
+def rollout_progress_line(p: Mapping) -> str:
+    """The rollout progress towards a step (``Trainer``'s ``on_rollout`` dict) as one line:
+    groups ready of the step's, units back by class (name order), seconds since the
+    iteration began."""
+    by_class = ", ".join(f"{b} {n}" for b, n in sorted((p.get("units_back_by_class") or {}).items()))
+    return (f"rollouts for iteration {p['iteration']}: {p['groups_ready']}/{p['groups_per_step']} groups ready, "
+            f"{p['units_back']} units back" + (f" ({by_class})" if by_class else "") + f", {p['elapsed_s']:.0f} s")
+
+
 # Rates over an iteration's window: their run figure weighs each iteration by its length
 # (total samples / total time), so a 1-second iteration that completed nothing (its step
 # trained groups an earlier iteration collected) does not halve the run's samples/min.

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,11 +24,10 @@ from rich.console import Console
 from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, check_values, hydra_entry, number,
                            register_user_error)
 from common.console import output_console
-from rl.report import plot_run, progress_line, rlvr_settings_table, summary_table
+from rl.report import plot_run, progress_line, rlvr_settings_table, rollout_progress_line, summary_table
 from rollout.serve import ServingStack, stop_on_sigterm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 def _register_errors() -> None:
     from agents.client import AgentClientError
@@ -191,11 +191,13 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     keep_last = int(tcfg.checkpoint_keep_last)
     disk = learner.disk_estimate(keep_last)
     gb = 1e9
-    console.print(f"disk: about {disk.checkpoints_bytes / gb:.1f} GB in {run_dir} for checkpoints "
-                  f"({disk.checkpoint_bytes / gb:.1f} GB each, trainer.checkpoint_keep_last="
-                  f"{keep_last}, plus the one being written)"
-                  + (f", {disk.weight_sync_bytes / gb:.1f} GB under {tcfg.weight_sync.shm_dir} for the "
-                     "weight sync" if tcfg.weight_sync.method == "http_reload" else ""))
+    # One line per figure, never wrapped (a long run folder broke it in two in a log).
+    console.print(f"disk: about {disk.checkpoints_bytes / gb:.1f} GB for checkpoints in {run_dir} "
+                  f"({disk.checkpoint_bytes / gb:.1f} GB each, trainer.checkpoint_keep_last={keep_last}, "
+                  "plus the one being written)", soft_wrap=True)
+    if tcfg.weight_sync.method == "http_reload":
+        console.print(f"disk: about {disk.weight_sync_bytes / gb:.1f} GB for the weight sync under "
+                      f"{tcfg.weight_sync.shm_dir}", soft_wrap=True)
     # Weight sync (rollout/weight_sync.py): the new weights into the running engines, their
     # prefix caches reset, the router told.
     wcfg = weight_sync_config(tcfg.weight_sync, stack.router_url if ours else None)
@@ -215,6 +217,19 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
                         TimeElapsedColumn(), TextColumn("{task.description}"), console=console)
     bar = progress.add_task("", total=int(tcfg.iterations))
 
+    last_line = {"text": "", "printed_s": time.monotonic()}
+    every_s = float(cfg.logging.rollout_line_every_s)
+
+    def on_rollout(p: dict) -> None:
+        # Minutes pass between two iteration lines; say how the next step's rollouts go:
+        # beside the bar in a terminal, a line at most every logging.rollout_line_every_s in a log.
+        text = rollout_progress_line(p)
+        if console.is_terminal:
+            progress.update(bar, description=f"{last_line['text']}  [{text}]".lstrip())
+        elif time.monotonic() - last_line["printed_s"] >= every_s:
+            console.print(f"  {text}", soft_wrap=True)
+            last_line["printed_s"] = time.monotonic()
+
     def log(m: dict) -> None:
         flat = {k: v for k, v in m.items() if isinstance(v, (int, float)) and v is not None}
         for b, v in (m.get("consumed_mixture") or {}).items():
@@ -229,8 +244,10 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         if "iteration_s" not in m:  # the step-0 evaluation line
             scores = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in flat.items() if k.startswith("eval/"))
             console.print(f"step 0 (initial weights): {scores or 'evaluated'}; rollouts for iteration 1 ...")
+            last_line["printed_s"] = time.monotonic()
             return
-        line = progress_line(m)
+        line = last_line["text"] = progress_line(m)
+        last_line["printed_s"] = time.monotonic()
         progress.update(bar, completed=int(m["iteration"]), description=line)
         if not console.is_terminal:  # a log file: rich draws the bar only when it stops; one line per iteration
             console.print(f"GRPO iteration {int(m['iteration'])}/{int(tcfg.iterations)}  {line}".rstrip())
@@ -257,7 +274,8 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     trainer = Trainer(trainer_config(tcfg), sampler=sampler, mixture_ledger=mixture_ledger, learner=learner,
                       workers=workers, engine_urls=stack.engines.urls,
                       router_url=stack.router_url if ours else None, weight_sync=sync,
-                      run_dir=run_dir, log=log, evaluate=evaluate, model_source=stack.model_path)
+                      run_dir=run_dir, log=log, evaluate=evaluate, model_source=stack.model_path,
+                      on_rollout=on_rollout)
     resumed = trainer.resume()
     if resumed:
         console.print(f"resumed from {run_dir / 'checkpoint'} at iteration {learner.version}")
@@ -360,7 +378,8 @@ def validate_job_cfg(cfg: DictConfig):
 
     from agents.server import TOOL_LISTING_RULE
 
-    check_values(cfg, {"seed": SEED_RULE, "agents.tool_listing": TOOL_LISTING_RULE})
+    check_values(cfg, {"seed": SEED_RULE, "agents.tool_listing": TOOL_LISTING_RULE,
+                       "logging.rollout_line_every_s": (number(at_least=0), "seconds >= 0, e.g. 30 (0: a line per unit)")})
     check_model_path(cfg.model)
     validate_trainer_cfg(cfg.trainer)
     check_tasks_path(cfg.agents.get("tasks_path"))

@@ -277,13 +277,19 @@ class Trainer:
         log: callback taking one iteration's metrics dict (wandb, progress bar).
         evaluate: optional evaluation run every ``eval_every`` steps through the same stack
             (pass@k), merged into the metrics.
+        on_rollout: callback taking the rollout progress towards the next step (a dict:
+            ``iteration`` = the step being collected for, ``groups_ready`` of
+            ``groups_per_step``, ``units_back`` = units finished in this iteration so far,
+            by class in ``units_back_by_class``, ``elapsed_s`` since the iteration began),
+            called whenever a unit comes back; minutes pass before a step's first update, and
+            this is what a user watching the job sees meanwhile.
     """
 
     def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, mixture_ledger: MixtureLedger,
                  learner: Learner, workers: dict[str, Worker], engine_urls: list[str],
                  router_url: str | None, weight_sync: WeightSync | None, run_dir: Path,
                  log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None,
-                 model_source: str | Path | None = None):
+                 model_source: str | Path | None = None, on_rollout: Callable[[dict], None] | None = None):
         check_group_fits(config.limits.max_in_flight,
                          {b: spec.group_size for b, spec in sampler.classes.items()}, sampler.rho)
         self.config = config
@@ -298,6 +304,7 @@ class Trainer:
         self.log = log
         self.evaluate = evaluate
         self.model_source = model_source
+        self.on_rollout = on_rollout
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
@@ -342,6 +349,8 @@ class Trainer:
                         continue
                     unit = in_flight.pop(task)
                     self._collect(task.result(), unit, groups, ready, it)
+                    if self.on_rollout is not None:
+                        self.on_rollout(self._rollout_progress(ready, it, updating=update is not None))
                 # Start the next update as soon as enough fresh groups are ready (or the
                 # dynamic-sampling search for them gave up).
                 ready = [g for g in ready if self._fresh_group(g, it)]
@@ -362,6 +371,15 @@ class Trainer:
                     # the run is already ending with another error: keep this one in the log
                     log.error("the update running when the loop stopped failed too: %s", outcomes[-1])
         return self.history
+
+    def _rollout_progress(self, ready: list[list[UnitResult]], it: IterationStats, updating: bool) -> dict:
+        """What ``on_rollout`` receives (see the class docstring); while an update runs the
+        units coming back are for the step after it."""
+        by_class = Counter(r.unit.workload_class for r in it.units)
+        return {"iteration": self.iterations_done + 1 + int(updating), "groups_ready": len(ready),
+                "groups_per_step": self.config.groups_per_step, "units_back": len(it.units),
+                "units_back_by_class": dict(sorted(by_class.items())),
+                "elapsed_s": time.monotonic() - it.started_s}
 
     def _pick_batch(self, ready: list[list[UnitResult]]) -> tuple[list[list[UnitResult]], list[list[UnitResult]]]:
         """The next step's groups: by largest consumption deficit against rho, not by which

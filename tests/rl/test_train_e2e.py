@@ -30,7 +30,8 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
             "trainer.rho.agent=1", "trainer.rho.rlvr=1", "trainer.rho.rlhf=1",
             "trainer.max_tokens.rlvr=32", "trainer.max_tokens.rlhf=32",
             "trainer.agent_limits.max_turns=2", "trainer.agent_limits.max_tokens_per_turn=32",
-            "trainer.eval_every=1", "trainer.eval.problems=2", "trainer.eval.max_tokens=16"]
+            "trainer.eval_every=1", "trainer.eval.problems=2", "trainer.eval.max_tokens=16",
+            "logging.rollout_line_every_s=0"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=REPO_ROOT,
                        env={**__import__("os").environ, "WANDB_MODE": "offline"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -60,5 +61,8 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
     assert "GRPO iteration 1/1" in r.stdout  # not a terminal: one progress line per iteration, not only at the end
     # the silent minutes before iteration 1 say what they are doing
     assert "evaluating the initial weights" in r.stdout and "step 0 (initial weights): arithmetic/pass@1" in r.stdout
+    # and while the rollouts run (a line per unit back here; every 30 s by default)
+    assert "rollouts for iteration 1: " in r.stdout and " units back (" in r.stdout
+    assert "disk: about " in r.stdout and " GB for checkpoints in " in r.stdout
     assert "\r" not in r.stdout + r.stderr  # and no progress bar redrawn into it (the learner's weight loading)
     assert _leftover_processes(run_dir) == []

@@ -624,3 +624,22 @@ def test_a_stopped_run_aborts_the_running_learner_step_instead_of_waiting_for_it
 
     asyncio.run(go())
     assert learner.aborted.is_set() and learner.version == 0 and learner.trained == []
+
+
+def test_rollout_progress_is_reported_as_units_come_back(tmp_path):
+    from rl.report import rollout_progress_line
+
+    seen = []
+    w = make_worker()
+    t = Trainer(trainer_config(tcfg(iterations=2)), sampler=sampler(), mixture_ledger=MixtureLedger(RHO),
+                learner=FakeLearner(), workers={"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[],
+                router_url=None, weight_sync=None, run_dir=tmp_path, on_rollout=seen.append)
+    asyncio.run(t.run())
+    first = [p for p in seen if p["iteration"] == 1]
+    assert first and [p["units_back"] for p in first] == list(range(1, len(first) + 1))
+    assert first[-1]["groups_ready"] >= 2 and all(p["groups_per_step"] == 2 for p in seen)
+    assert sum(first[-1]["units_back_by_class"].values()) == first[-1]["units_back"]
+    assert {p["iteration"] for p in seen} <= {1, 2, 3}  # units back during step 2's update count for 3
+    line = rollout_progress_line({"iteration": 1, "groups_ready": 3, "groups_per_step": 8, "units_back": 20,
+                                  "units_back_by_class": {"rlvr": 10, "agent": 4}, "elapsed_s": 95.4})
+    assert line == "rollouts for iteration 1: 3/8 groups ready, 20 units back (agent 4, rlvr 10), 95 s"
