@@ -139,7 +139,8 @@ class ReplayResult:
         errors: one line per failed request (HTTP status and the body's start).
         timeline: periodic samples (``t_s``, per-engine KV usage, running, waiting, cumulative
             prefix queries and hits, units completed; per engine the cumulative ``steps``,
-            ``computed_prompt`` and ``generated`` tokens, from which
+            ``computed_prompt`` (hits excluded) and ``prompt`` (hits included) tokens,
+            ``prefills`` (requests that got their first token) and ``generated`` tokens, from which
             :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
             with ``router_state`` also ``caps``, ``held``, ``router_signals`` (per engine the
             age of the router's last metric sample, its failed scrapes and lost KV-event
@@ -357,9 +358,12 @@ class _Replay:
                     "running": [m.num_requests_running for m in ms], "waiting": [m.num_requests_waiting for m in ms],
                     "prefix_queries": q, "prefix_hits": h, "completed": dict(self.trainer.completed),
                     "in_flight_units": self.trainer.in_flight,
-                    # per engine, cumulative: steps, computed prompt tokens (hits excluded), generated tokens
+                    # per engine, cumulative: steps, computed prompt tokens (hits excluded), prompt
+                    # tokens (hits included), prefills (first tokens), generated tokens
                     "steps": [m.engine_steps_total for m in ms],
                     "computed_prompt": [m.prompt_tokens_total - m.prefix_cache_hits_total for m in ms],
+                    "prompt": [m.prompt_tokens_total for m in ms],
+                    "prefills": [m.prefills_total for m in ms],
                     "generated": [m.generation_tokens_total for m in ms], **router})
             await asyncio.sleep(period_s)
 

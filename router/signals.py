@@ -70,6 +70,7 @@ _SUMMED = {
     "generation_tokens_total": ("vllm:generation_tokens_total",),
     "num_preemptions_total": ("vllm:num_preemptions_total",),
     "engine_steps_total": ("vllm:iteration_tokens_total_count",),  # a histogram's count: one per step
+    "prefills_total": ("vllm:time_to_first_token_seconds_count",),  # one per request's first token
 }
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"

@@ -117,6 +117,7 @@ class InstanceMetrics:
     generation_tokens_total: float = 0.0  # vllm:generation_tokens_total
     num_preemptions_total: float = 0.0  # vllm:num_preemptions_total
     engine_steps_total: float = 0.0  # vllm:iteration_tokens_total's count: engine steps (iterations)
+    prefills_total: float = 0.0  # vllm:time_to_first_token_seconds' count: prefills that gave a first token
 
 
 @dataclass(frozen=True)

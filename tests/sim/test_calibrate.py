@@ -82,6 +82,48 @@ def test_a_profile_is_recovered_from_live_run_intervals():
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
 
 
+def test_chunk_counts_let_the_fit_see_mixed_steps_and_attention_over_cached_prefixes():
+    # Each 100-step interval: k prefill chunks of n new tokens after c cached, one per step,
+    # and d sequences decoding in every step; a step with a chunk costs the chunk's tokens,
+    # its attention over the cached prefix and the mixed-step cost on top of the decodes.
+    truth = LinearStepCost(c0_s=0.03, c_prefill_s=0.001, c_decode_s=0.0015, c_context_s=0.0,
+                           c_attention_s=4e-7, c_mixed_s=0.025)
+    mixes = [(0, 0, 0, 4), (5, 200, 0, 8), (20, 64, 1024, 6), (10, 256, 512, 12), (40, 32, 1536, 10),
+             (2, 800, 0, 3), (30, 128, 256, 16), (60, 16, 1024, 5), (15, 400, 800, 20), (50, 100, 0, 2)]
+    ctx = 0.5 * 64 * 128
+    t = steps = computed = prompt = prefills = gen = 0.0
+    timeline = []
+    for k, n, c, d in mixes:
+        timeline.append({"t_s": t, "running": [d], "kv_usage": [0.5], "steps": [steps], "computed_prompt": [computed],
+                         "prompt": [prompt], "prefills": [prefills], "generated": [gen]})
+        chunk = truth.step_time_s(n, d, ctx, ctx + prefill_attention_pairs(n, c) - (n + c)) if k else 0.0
+        t += k * chunk + (100 - k) * truth.step_time_s(0, d, ctx)
+        steps, computed, prompt, prefills, gen = steps + 100, computed + k * n, prompt + k * (n + c), prefills + k, gen + 100 * d
+    timeline.append({"t_s": t, "running": [1], "kv_usage": [0.5], "steps": [steps], "computed_prompt": [computed],
+                     "prompt": [prompt], "prefills": [prefills], "generated": [gen]})
+    samples = step_samples_from_timeline(timeline, num_blocks=64, block_size=128)
+    assert [s.mixed_steps for s in samples] == [k / 100 for k, *_ in mixes]
+    assert samples[0].attention_pairs == ctx  # no chunk: one query per context token
+    fitted = fit_linear_step_cost(samples, fit_context=False)
+    for name in ("c0_s", "c_prefill_s", "c_decode_s", "c_attention_s", "c_mixed_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    # the same run without the chunk counts (runs recorded before them): both terms unknown, 0
+    old = [{k: v for k, v in p.items() if k not in ("prefills", "prompt")} for p in timeline]
+    blind = step_samples_from_timeline(old, num_blocks=64, block_size=128)
+    assert all(s.mixed_steps is None and s.attention_pairs is None for s in blind)
+    assert fit_linear_step_cost(blind, fit_context=False).c_mixed_s == 0.0
+
+
+def test_an_interval_of_prefills_alone_has_no_mixed_steps():
+    timeline = [{"t_s": 0.0, "running": [1], "kv_usage": [0.1], "steps": [0], "computed_prompt": [0], "prompt": [0],
+                 "prefills": [0], "generated": [0]},
+                {"t_s": 2.0, "running": [1], "kv_usage": [0.1], "steps": [20], "computed_prompt": [4000],
+                 "prompt": [4000], "prefills": [20], "generated": [20]}]  # 20 one-token answers, nothing else decoded
+    [s] = step_samples_from_timeline(timeline, num_blocks=64, block_size=128)
+    assert s.mixed_steps == 0.0 and s.prefill_tokens == 200.0
+    assert s.attention_pairs == pytest.approx(s.context_tokens + prefill_attention_pairs(200, 0) - 200)
+
+
 def test_cached_prefill_shapes_round_the_prefix_to_whole_blocks():
     # 1,024-token prompt, blocks of 128: 256 or 64 new after 1,024 or 128 cached
     assert cached_prefill_shapes(1024, 128) == [(256, 1024), (64, 1024), (64, 128), (256, 128)]
