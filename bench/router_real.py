@@ -1,7 +1,7 @@
 """Routers on real vLLM engines, and the simulator checked against them (one command).
 
-    .venv/bin/python -m bench.router_real                  # 3 seeds x 6 routers x 3 min (~65 min in all)
-    .venv/bin/python -m bench.router_real --seeds 0 --minutes 2   # one seed, shorter, noisier (~15 min)
+    .venv/bin/python -m bench.router_real                  # 3 seeds x 6 routers x 3 min (~70 min in all)
+    .venv/bin/python -m bench.router_real --seeds 0 --minutes 2   # one seed, shorter, noisier (~22 min)
 
 What it does, in one run and one folder (``runs/bench/router-real-<time>/``, one
 ``seed-<n>/`` per seed and the table over seeds in ``summary.md`` / ``summary.json``):
@@ -10,7 +10,9 @@ What it does, in one run and one folder (``runs/bench/router-real-<time>/``, one
    of ``--kv-tokens`` tokens per engine, small enough that the mixed workload overflows it
    at the permissive ceiling.
 2. Calibrates the simulator's step-cost profile on those engines
-   (:mod:`router.sim.calibrate`, fitted by :func:`router.sim.cost_model.fit_linear_step_cost`).
+   (:mod:`router.sim.calibrate`, fitted by :func:`router.sim.cost_model.fit_linear_step_cost`),
+   and again after the runs (``--calibrate-after``, the default: the profile is fitted to both,
+   and ``summary.md`` gives how far the steps moved between them).
 3. Generates, per seed, one mixed trace with the shape of ``router/sim/`` scaled to what 2 cores serve
    (:func:`cpu_classes`): agent sessions with growing prefixes, short outputs and tool gaps;
    rlvr with long decodes; rlhf in between; GRPO groups of 4.
@@ -422,7 +424,10 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
     lines.append("")
     lines += _steps_section(per_seed, order)
-    lines += _cpu_section(per_seed, order, _calibration_cpu(out))
+    twice = "samples_after_runs" in _saved_calibration(out)
+    lines += _cpu_section(per_seed, order, _calibration_cpu(out),
+                          "mean of before and after the runs" if twice else "before the runs")
+    lines += _drift_section(out)
     text = "\n".join(lines)
     (out / "summary.md").write_text(text)
     summary = {"seeds": seeds, "regime": regimes, "windows": per_window}
@@ -479,21 +484,38 @@ CPU_ROLES = (("engine_worker", "engine workers (model)"), ("engine_core", "engin
 """The roles of :func:`common.cpu_time.engine_job_role`, in table order, with their column names."""
 
 
+def _saved_calibration(out: Path) -> dict:
+    """``out/calibration.json`` ({} when there is none or it cannot be read)."""
+    try:
+        saved = json.loads((out / "calibration.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
 def _calibration_cpu(out: Path) -> dict | None:
     """``cpu_cores`` of the calibration saved in ``out/calibration.json`` (None: no such file,
     or one saved before it was recorded or unreadable)."""
-    try:
-        cores = json.loads((out / "calibration.json").read_text()).get("cpu_cores")
-    except (OSError, ValueError, AttributeError):
-        return None
+    cores = _saved_calibration(out).get("cpu_cores")
     return cores if isinstance(cores, dict) else None
 
 
+def _drift_section(out: Path) -> list[str]:
+    """One line on how the engines' calibrated steps moved between the calibration before
+    and the one after the runs (``drift`` of :func:`pooled_calibration`); none without it."""
+    drift = [d for d in _saved_calibration(out).get("drift") or [] if _is_number(d)]
+    if not drift:
+        return []
+    return [f"Calibrated steps after the runs / before, per shape ({len(drift)} shapes): median "
+            f"{statistics.median(drift):.2f}x, range {min(drift):.2f}-{max(drift):.2f}x; the simulator's "
+            "calibration profile is fitted to both.", ""]
+
+
 def _cpu_section(per_seed: list[tuple[int, list[dict]]], order: list[str],
-                 calibration: dict | None = None) -> list[str]:
+                 calibration: dict | None = None, calibrated: str = "before the runs") -> list[str]:
     """Mean cores each role of the job used during each run (runs saved before ``cpu_cores``
     was recorded: left out; nothing recorded: no section), and during the calibration on
-    idle engines when its ``cpu_cores`` are given."""
+    idle engines when its ``cpu_cores`` are given (``calibrated``: when it was timed)."""
     per_label: dict[str, list[dict]] = {}
     for _, results in per_seed:
         for r in results:
@@ -511,7 +533,7 @@ def _cpu_section(per_seed: list[tuple[int, list[dict]]], order: list[str],
             lines.append(f"| {label} | " + " | ".join(
                 f"{statistics.fmean(c.get(role, 0.0) for c in runs):.2f}" for role, _ in CPU_ROLES) + " |")
     if calibration:
-        lines.append("| calibration (idle engines, before the runs) | " + " | ".join(
+        lines.append(f"| calibration (idle engines, {calibrated}) | " + " | ".join(
             f"{calibration.get(role, 0.0):.2f}" for role, _ in CPU_ROLES) + " |")
     return lines + [""]
 
@@ -700,6 +722,10 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=3000, help="units in the generated trace (more than a run uses)")
     parser.add_argument("--seeds", default="0,1,2", help="trace generator seeds, comma-separated: each seed replays "
                         "its own trace through every router (in seed-<n>/), engines started and calibrated once")
+    parser.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the engines' steps again after the runs and fit the simulator's profile to "
+                             "both calibrations (about 7 min; one timing of idle engines drifted by up to 1.5x "
+                             "per shape between two sessions)")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
@@ -803,16 +829,10 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
         urls = pool.urls
         info = asyncio.run(_engine_info(urls))
         print(f"engines: {info}; calibrating the step-cost profile ...", file=sys.stderr)
-        meter = CpuMeter(os.getpid(), engine_job_role)
-        try:
-            samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens),
-                                           kv_blocks=info["num_blocks"], block_size=info["block_size"],
-                                           max_num_seqs=int(ecfg.max_num_seqs))
-        except RuntimeError as e:  # an engine failed or stopped while it was timed
-            raise EngineError(str(e)) from None
-        calibration = {"samples": [dataclasses.asdict(s) for s in samples],
-                       "profile": dataclasses.asdict(fit_linear_step_cost(samples)), "engines": info,
-                       "cpu_cores": meter.cores()}
+        before = _calibrate(urls, served, text, args, info, int(ecfg.max_num_seqs))
+        calibration = {"samples": before["samples"], "engines": info, "cpu_cores": before["cpu_cores"],
+                       "profile": dataclasses.asdict(fit_linear_step_cost(
+                           [StepSample.from_saved(d) for d in before["samples"]]))}
         (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
         for seed in seeds:
             sdir = out / f"seed-{seed}"
@@ -863,6 +883,12 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                                 "timeline": res.timeline})
                 (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},
                                                               indent=1))
+        if args.calibrate_after:
+            print("calibrating again, after the runs ...", file=sys.stderr)
+            asyncio.run(_engines_idle(urls, 300))
+            calibration = pooled_calibration(before, _calibrate(urls, served, text, args, info,
+                                                                int(ecfg.max_num_seqs)), info)
+            (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
     done = []
     for seed, results in per_seed:
         simulate(results, runs, traces[seed], calibration, len(urls), args.max_num_batched_tokens,
@@ -871,6 +897,49 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
         _save(out / f"seed-{seed}", results, calibration, seed_args)
         done.append((seed, results))
     return done
+
+
+def _calibrate(urls: list[str], served: str, text, args: argparse.Namespace, info: dict,
+               max_num_seqs: int) -> dict:
+    """One calibration of the engines (:func:`router.sim.calibrate.measure_step_samples`):
+    ``{"samples": [StepSample dicts], "cpu_cores": the job's CPU by role meanwhile}``.
+
+    Raises:
+        EngineError: an engine failed or stopped while it was timed.
+    """
+    meter = CpuMeter(os.getpid(), engine_job_role)
+    try:
+        samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens),
+                                       kv_blocks=info["num_blocks"], block_size=info["block_size"],
+                                       max_num_seqs=max_num_seqs)
+    except RuntimeError as e:
+        raise EngineError(str(e)) from None
+    return {"samples": [dataclasses.asdict(s) for s in samples], "cpu_cores": meter.cores()}
+
+
+def pooled_calibration(before: dict, after: dict, engines: dict) -> dict:
+    """The calibration the simulator uses when the engines were timed before and after the
+    runs (``--calibrate-after``): both sets of samples pooled into one fit (``samples``), each
+    kept (``samples_before_runs``, ``samples_after_runs``), the CPU by role as the mean of the
+    two, and ``drift``: per measured shape, the step after the runs over the one before (the
+    same shapes in the same order). Two calibrations of the same code on the same engines,
+    a session apart, once differed by up to 1.5x per shape (a 1-sequence decode step 23.6 and
+    36.5 ms) and moved the simulated samples/min by 15-25%: one timing of idle engines is
+    a sample, not the engines' speed.
+
+    Args:
+        before, after: :func:`_calibrate` results.
+        engines: the engines' ``num_blocks`` and ``block_size``.
+    """
+    pooled = before["samples"] + after["samples"]
+    roles = set(before.get("cpu_cores") or {}) | set(after.get("cpu_cores") or {})
+    cores = {r: 0.5 * ((before.get("cpu_cores") or {}).get(r, 0.0) + (after.get("cpu_cores") or {}).get(r, 0.0))
+             for r in sorted(roles)}
+    drift = [a["step_time_s"] / b["step_time_s"] for b, a in zip(before["samples"], after["samples"])
+             if b["step_time_s"] > 0 and (b["prefill_tokens"], b["decode_seqs"]) == (a["prefill_tokens"], a["decode_seqs"])]
+    return {"samples": pooled, "samples_before_runs": before["samples"], "samples_after_runs": after["samples"],
+            "engines": engines, "cpu_cores": cores, "drift": drift,
+            "profile": dataclasses.asdict(fit_linear_step_cost([StepSample.from_saved(d) for d in pooled]))}
 
 
 def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dict, instances: int,

@@ -351,3 +351,33 @@ def test_real_step_figures_from_a_hand_made_timeline():
                  "prefill_tokens_per_step": pytest.approx(10.0), "decode_seqs_per_step": pytest.approx(4.0)}
     assert real_step_figures(timeline[:2], (5.0, 30.0)) is None
     assert real_step_figures([{"t_s": 10.0, "running": [1]}, {"t_s": 20.0, "running": [1]}], (0.0, 30.0)) is None
+
+
+def test_calibrations_before_and_after_the_runs_are_pooled_and_their_drift_reported(tmp_path):
+    from bench.router_real import _drift_section, pooled_calibration
+
+    def cal(scale, worker):
+        return {"samples": [
+            {"prefill_tokens": 0, "decode_seqs": 1, "context_tokens": 80, "step_time_s": 0.030 * scale,
+             "attention_pairs": None, "mixed_steps": 0.0},
+            {"prefill_tokens": 0, "decode_seqs": 16, "context_tokens": 1280, "step_time_s": 0.060 * scale,
+             "attention_pairs": None, "mixed_steps": 0.0},
+            {"prefill_tokens": 0, "decode_seqs": 32, "context_tokens": 2560, "step_time_s": 0.090 * scale,
+             "attention_pairs": None, "mixed_steps": 0.0},
+            {"prefill_tokens": 1024, "decode_seqs": 0, "context_tokens": 1024, "step_time_s": 1.0 * scale,
+             "attention_pairs": 524800.0, "mixed_steps": 0.0}], "cpu_cores": {"engine_worker": worker}}
+
+    before, after = cal(1.0, 1.8), cal(1.5, 1.6)
+    pooled = pooled_calibration(before, after, {"num_blocks": 64, "block_size": 128})
+    assert pooled["samples"] == before["samples"] + after["samples"]
+    assert pooled["samples_before_runs"] == before["samples"] and pooled["samples_after_runs"] == after["samples"]
+    assert pooled["drift"] == pytest.approx([1.5] * 4)
+    assert pooled["cpu_cores"] == {"engine_worker": pytest.approx(1.7)}
+    # the profile is fitted to both: between the two calibrations' own profiles
+    one = pooled_calibration(before, before, {})["profile"]["c_decode_s"]
+    assert one < pooled["profile"]["c_decode_s"] < pooled_calibration(after, after, {})["profile"]["c_decode_s"]
+    (tmp_path / "calibration.json").write_text(json.dumps(pooled))
+    [line, _] = _drift_section(tmp_path)
+    assert line.startswith("Calibrated steps after the runs / before, per shape (4 shapes): median 1.50x, range 1.50-1.50x")
+    (tmp_path / "calibration.json").write_text(json.dumps(before))  # calibrated once: no line
+    assert _drift_section(tmp_path) == []
