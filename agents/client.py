@@ -94,9 +94,12 @@ class AgentServerClient:
 
 @contextlib.contextmanager
 def launch_agent_server(run_dir: str | Path, overrides: Sequence[str] = (),
-                        port: int | None = None, start_timeout_s: float = 60.0
+                        port: int | None = None, start_timeout_s: float = 120.0
                         ) -> Iterator[tuple[ManagedProcess, str]]:
     """Start ``python -m agents.server`` as a managed child, wait for /health, stop on exit.
+
+    Its start includes one test run per task set in the sandbox (``check_tasks_run``, a
+    second or two; more on a loaded machine), hence the generous ``start_timeout_s``.
 
     Args:
         run_dir: the run folder; the log goes to ``<run_dir>/agent_server.log``.
