@@ -48,12 +48,15 @@ def progress_line(m: Mapping) -> str:
 
 
 def rollout_progress_line(p: Mapping) -> str:
-    """The rollout progress towards a step (``Trainer``'s ``on_rollout`` dict) as one line:
-    groups ready of the step's, units back by class (name order), seconds since the
-    iteration began."""
+    """The rollout progress of an iteration (``Trainer``'s ``on_rollout`` dict) as one line:
+    groups ready of the step's (while the iteration's update runs: for the next step), units
+    back since the iteration began by class (name order), seconds since it began."""
     by_class = ", ".join(f"{b} {n}" for b, n in sorted((p.get("units_back_by_class") or {}).items()))
-    return (f"rollouts for iteration {p['iteration']}: {p['groups_ready']}/{p['groups_per_step']} groups ready, "
-            f"{p['units_back']} units back" + (f" ({by_class})" if by_class else "") + f", {p['elapsed_s']:.0f} s")
+    units = f"{p['units_back']} units back" + (f" ({by_class})" if by_class else "") + f", {p['elapsed_s']:.0f} s"
+    if p.get("updating"):
+        return (f"iteration {p['iteration']} updating: {p['groups_ready']}/{p['groups_per_step']} groups "
+                f"ready for the next step, {units}")
+    return f"rollouts for iteration {p['iteration']}: {p['groups_ready']}/{p['groups_per_step']} groups ready, {units}"
 
 
 # Rates over an iteration's window: their run figure weighs each iteration by its length

@@ -280,9 +280,10 @@ class Trainer:
         on_rollout: callback taking the rollout progress towards the next step (a dict:
             ``iteration`` = the step being collected for, ``groups_ready`` of
             ``groups_per_step``, ``units_back`` = units finished in this iteration so far,
-            by class in ``units_back_by_class``, ``elapsed_s`` since the iteration began),
-            called whenever a unit comes back; minutes pass before a step's first update, and
-            this is what a user watching the job sees meanwhile.
+            by class in ``units_back_by_class``, ``elapsed_s`` since the iteration began,
+            called whenever a unit comes back, with ``updating`` True while the iteration's
+            update runs (the groups then ready are for the next step); minutes pass between
+            two updates, and this is what a user watching the job sees meanwhile.
     """
 
     def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, mixture_ledger: MixtureLedger,
@@ -373,10 +374,10 @@ class Trainer:
         return self.history
 
     def _rollout_progress(self, ready: list[list[UnitResult]], it: IterationStats, updating: bool) -> dict:
-        """What ``on_rollout`` receives (see the class docstring); while an update runs the
-        units coming back are for the step after it."""
+        """What ``on_rollout`` receives (see the class docstring); ``updating``: the
+        iteration's update runs, and the groups ready are for the step after it."""
         by_class = Counter(r.unit.workload_class for r in it.units)
-        return {"iteration": self.iterations_done + 1 + int(updating), "groups_ready": len(ready),
+        return {"iteration": self.iterations_done + 1, "updating": updating, "groups_ready": len(ready),
                 "groups_per_step": self.config.groups_per_step, "units_back": len(it.units),
                 "units_back_by_class": dict(sorted(by_class.items())),
                 "elapsed_s": time.monotonic() - it.started_s}
