@@ -213,8 +213,11 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
     run = wandb.init(project=str(cfg.logging.wandb_project), name=run_dir.name, dir=str(run_dir),
                      mode=os.environ.get("WANDB_MODE", str(cfg.logging.wandb_mode)),
                      config=OmegaConf.to_container(cfg, resolve=True), reinit="finish_previous")
+    # Into a log the bar is off (rich would print its last state at the end, repeating the
+    # last iteration's line); the iteration and rollout lines below say it all.
     progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("{task.description}"), console=console)
+                        TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
+                        disable=not console.is_terminal)
     bar = progress.add_task("", total=int(tcfg.iterations))
 
     last_line = {"text": "", "printed_s": time.monotonic()}

@@ -59,6 +59,7 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
         assert (run_dir / "logs" / log).exists(), log
     assert "samples/min" in r.stdout
     assert "GRPO iteration 1/1" in r.stdout  # not a terminal: one progress line per iteration, not only at the end
+    assert not any(line.startswith("GRPO ━") for line in r.stdout.splitlines())  # no bar drawn at the end
     # the silent minutes before iteration 1 say what they are doing
     assert "evaluating the initial weights" in r.stdout and "step 0 (initial weights): arithmetic/pass@1" in r.stdout
     # and while the rollouts run (a line per unit back here; every 30 s by default)
