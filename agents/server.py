@@ -163,10 +163,11 @@ def demonstrations(node: Any, fmt: ToolCallFormat) -> tuple[Demonstration, ...]:
     return tuple(shown)
 
 
-def check_tasks_run(cfg: DictConfig) -> None:
+def check_tasks_run(cfg: DictConfig, task_sets: list[tuple[str, dict[str, Task]]]) -> None:
     """Refuse to serve where the sandbox cannot reward a task: the first task of each task set
-    (``tasks_path``, ``extra_tasks_paths``) has its tests run on its unchanged snapshot in the
-    episodes' sandbox (:func:`agents.envs.task.task_problem`; a second or two per set).
+    (``task_sets``, as :func:`load_task_set_files` read them) has its tests run on its
+    unchanged snapshot in the episodes' sandbox (:func:`agents.envs.task.task_problem`; a
+    second or two per set).
 
     Without this a sandbox that cannot start the tests (measured: a virtual environment
     reached through a symbolic link left ``python`` off the sandbox's PATH) scores every
@@ -177,20 +178,37 @@ def check_tasks_run(cfg: DictConfig) -> None:
             tests, the command's exit status and output) or the sandbox cannot start.
     """
     ep = episode_config(cfg)
-    for spec in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
-        if spec is None:
-            continue
-        first = next(iter(load_tasks(task_set_path(str(spec))).values()), None)
-        if first is None:
-            continue
-        try:
-            problem = asyncio.run(task_problem(first, isolation=ep.isolation, limits=ep.test_limits,
-                                               root=ep.workspace_root))
-        except SandboxError as e:
-            problem = f"task {first.instance_id}: the sandbox cannot start: {e}"
-        if problem:
-            raise AgentServerError(f"task set {spec}: {problem}. No agent episode could earn a reward; "
-                                   "fix this before serving (the sandbox options under sandbox.*, or the task set).")
+
+    async def problems() -> tuple[str, str] | None:
+        for spec, tasks in task_sets:
+            first = next(iter(tasks.values()), None)
+            if first is None:
+                continue
+            try:
+                problem = await task_problem(first, isolation=ep.isolation, limits=ep.test_limits,
+                                             root=ep.workspace_root)
+            except SandboxError as e:
+                problem = f"task {first.instance_id}: the sandbox cannot start: {e}"
+            if problem:
+                return spec, problem
+        return None
+
+    found = asyncio.run(problems())
+    if found:
+        raise AgentServerError(f"task set {found[0]}: {found[1]}. No agent episode could earn a reward; "
+                               "fix this before serving (the sandbox options under sandbox.*, or the task set).")
+
+
+def load_task_set_files(cfg: DictConfig) -> list[tuple[str, dict[str, Task]]]:
+    """Each task set of ``cfg.tasks_path`` and ``cfg.extra_tasks_paths``, in order, as
+    (its name or path, its tasks by id).
+
+    Raises:
+        AgentServerError: an unknown set name or a missing file (``task_set_path``).
+        TaskError: a file that is not valid task JSONL.
+    """
+    return [(str(path), load_tasks(task_set_path(str(path))))
+            for path in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])] if path is not None]
 
 
 def load_task_sets(cfg: DictConfig) -> dict[str, Task]:
@@ -201,10 +219,14 @@ def load_task_sets(cfg: DictConfig) -> dict[str, Task]:
         AgentServerError: an unknown set name or a missing file (``task_set_path``).
         TaskError: a file that is not valid task JSONL.
     """
+    return merged_task_sets(load_task_set_files(cfg))
+
+
+def merged_task_sets(task_sets: list[tuple[str, dict[str, Task]]]) -> dict[str, Task]:
+    """The tasks of ``task_sets`` by id, a later set's replacing an earlier one's of the same id."""
     tasks: dict[str, Task] = {}
-    for path in [cfg.tasks_path, *(cfg.extra_tasks_paths or [])]:
-        if path is not None:
-            tasks.update(load_tasks(task_set_path(str(path))))
+    for _, one in task_sets:
+        tasks.update(one)
     return tasks
 
 
@@ -483,8 +505,9 @@ def serve(cfg: DictConfig) -> None:
     check_values(cfg, VALUE_RULES)
     episode_config(cfg).isolation.check()
     _options(ChatFormat, cfg.chat_format, "chat_format")
-    tasks = load_task_sets(cfg)  # a bad task file is refused before the server says where it listens
-    check_tasks_run(cfg)
+    task_sets = load_task_set_files(cfg)  # a bad task file is refused before the server says where it listens
+    check_tasks_run(cfg, task_sets)
+    tasks = merged_task_sets(task_sets)
 
     sock = listening_socket(cfg.host, cfg.port)  # an address in use: one error line, before anything starts
 

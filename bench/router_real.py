@@ -830,9 +830,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
         info = asyncio.run(_engine_info(urls))
         print(f"engines: {info}; calibrating the step-cost profile ...", file=sys.stderr)
         before = _calibrate(urls, served, text, args, info, int(ecfg.max_num_seqs))
-        calibration = {"samples": before["samples"], "engines": info, "cpu_cores": before["cpu_cores"],
-                       "profile": dataclasses.asdict(fit_linear_step_cost(
-                           [StepSample.from_saved(d) for d in before["samples"]]))}
+        calibration = pooled_calibration(before, None, info)
         (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
         for seed in seeds:
             sdir = out / f"seed-{seed}"
@@ -917,20 +915,23 @@ def _calibrate(urls: list[str], served: str, text, args: argparse.Namespace, inf
     return {"samples": [dataclasses.asdict(s) for s in samples], "cpu_cores": meter.cores()}
 
 
-def pooled_calibration(before: dict, after: dict, engines: dict) -> dict:
-    """The calibration the simulator uses when the engines were timed before and after the
-    runs (``--calibrate-after``): both sets of samples pooled into one fit (``samples``), each
-    kept (``samples_before_runs``, ``samples_after_runs``), the CPU by role as the mean of the
-    two, and ``drift``: per measured shape, the step after the runs over the one before (the
-    same shapes in the same order). Two calibrations of the same code on the same engines,
+def pooled_calibration(before: dict, after: dict | None, engines: dict) -> dict:
+    """The calibration the simulator uses: the engines' samples timed before the runs and,
+    with ``--calibrate-after``, after them, pooled into one fit (``samples``, ``profile``);
+    with both, each kept (``samples_before_runs``, ``samples_after_runs``), the CPU by role as
+    the mean of the two, and ``drift``: per measured shape, the step after the runs over the
+    one before (the same shapes in the same order). Two calibrations of the same code on the same engines,
     a session apart, once differed by up to 1.5x per shape (a 1-sequence decode step 23.6 and
     36.5 ms) and moved the simulated samples/min by 15-25%: one timing of idle engines is
     a sample, not the engines' speed.
 
     Args:
-        before, after: :func:`_calibrate` results.
+        before, after: :func:`_calibrate` results (``after`` None: calibrated once).
         engines: the engines' ``num_blocks`` and ``block_size``.
     """
+    if after is None:
+        return {"samples": before["samples"], "engines": engines, "cpu_cores": before["cpu_cores"],
+                "profile": dataclasses.asdict(fit_linear_step_cost([StepSample.from_saved(d) for d in before["samples"]]))}
     pooled = before["samples"] + after["samples"]
     roles = set(before.get("cpu_cores") or {}) | set(after.get("cpu_cores") or {})
     cores = {r: 0.5 * ((before.get("cpu_cores") or {}).get(r, 0.0) + (after.get("cpu_cores") or {}).get(r, 0.0))

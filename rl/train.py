@@ -29,6 +29,7 @@ from rollout.serve import ServingStack, stop_on_sigterm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
 def _register_errors() -> None:
     from agents.client import AgentClientError
     from rl.data.base import DataError
@@ -252,7 +253,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
         line = last_line["text"] = progress_line(m)
         last_line["printed_s"] = time.monotonic()
         progress.update(bar, completed=int(m["iteration"]), description=line)
-        if not console.is_terminal:  # a log file: rich draws the bar only when it stops; one line per iteration
+        if not console.is_terminal:  # a log file: no bar (disabled above); one line per iteration
             console.print(f"GRPO iteration {int(m['iteration'])}/{int(tcfg.iterations)}  {line}".rstrip())
 
     async def evaluate(version: int) -> dict[str, float]:

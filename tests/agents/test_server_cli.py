@@ -94,8 +94,8 @@ def test_a_sandbox_that_cannot_run_the_tests_is_refused_at_start(tmp_path):
 
 def test_the_builtin_task_sets_pass_the_start_check():
     # The check the server runs at start, on the sets the default recipe serves: their tests run.
-    from agents.server import check_tasks_run
+    from agents.server import check_tasks_run, load_task_set_files
     from common.config import compose
 
     cfg = compose("agent_server", ["extra_tasks_paths=[handmade,constant_fix_l1]"])
-    check_tasks_run(cfg)
+    check_tasks_run(cfg, load_task_set_files(cfg))
