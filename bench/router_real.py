@@ -79,7 +79,7 @@ from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
 from router.launch import VLLM_ROUTER_LOG_LEVELS, start_router
 from router.policies import POLICY_NAMES, make_policy, registered_policy_names
-from router.replay import ReplayError, WordText, replay, scrape_engines
+from router.replay import ReplayError, WordText, replay, request_overhead_s, scrape_engines
 from router.sim.calibrate import measure_step_samples, step_samples_from_timeline
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
@@ -389,6 +389,29 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
 
 
+def _overhead_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+    """Markdown: each run's mean request time at the client, in the engines (vLLM's
+    e2e_request_latency), held by our router, and the rest (outside the engines), means over
+    seeds; ``[]`` when no run recorded them (runs saved before the engines' latency counters)."""
+    rows = []
+    for label in order:
+        got = [r["request_overhead"] for _, res in per_seed for r in res
+               if r["label"] == label and r.get("request_overhead")]
+        if not got:
+            continue
+        cells = " | ".join(f"{statistics.fmean(g[k] for g in got):.2f}" for k in ("client_s", "engine_s", "hold_s", "overhead_s"))
+        sims = sorted({r.get("sim_request_overhead_s", 0.0) > 0 for _, res in per_seed for r in res if r["label"] == label})
+        rows.append(f"| {label} | {cells} | {'yes' if sims == [True] else 'no' if sims == [False] else 'some runs'} |")
+    if not rows:
+        return []
+    return ["### Time per request outside the engines (whole run, s, means over seeds)", "",
+            "The client's time per request less the engines' own (vLLM's e2e_request_latency) and the time "
+            "our router held it: the router, the HTTP hops and the engines' API servers. The simulator "
+            "adds each run's figure before each request reaches the router, unless run with --no-request-overhead.", "",
+            "| Router | client | engine | held | outside the engines | in the simulator |",
+            "|---|---|---|---|---|---|", *rows, ""]
+
+
 def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float,
                     warmup_minutes: float = 0.0) -> str:
     """The table over seeds, per measurement window (:func:`windows`): each router's change
@@ -407,6 +430,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
         lines += [f"## Window: {title}", ""]
         per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sims, lines)
     lines += _decisions_section(per_seed, order)
+    lines += _overhead_section(per_seed, order)
     lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
              "|---|---|---|---|---|---|"]
@@ -726,6 +750,10 @@ def main() -> None:
                         help="time the engines' steps again after the runs and fit the simulator's profile to "
                              "both calibrations (about 7 min; one timing of idle engines drifted by up to 1.5x "
                              "per shape between two sessions)")
+    parser.add_argument("--request-overhead", action=argparse.BooleanOptionalAction, default=True,
+                        help="the simulator's replay adds each request's time outside the engines (router, HTTP "
+                             "hops, API servers) as the real run measured it (client time less vLLM's "
+                             "e2e_request_latency and our router's holds); --no-request-overhead replays without it")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
@@ -742,7 +770,7 @@ def main() -> None:
             check_run_folder(d)
         per_seed, minutes, warmup = [], 0.0, 0.0
         for d in seed_dirs or [args.resimulate]:
-            results, minutes, warmup = resimulate(d)
+            results, minutes, warmup = resimulate(d, args.request_overhead)
             report(results, d, minutes, warmup)
             per_seed.append((int(d.name.removeprefix("seed-")) if seed_dirs else 0, results))
         if seed_dirs:
@@ -877,6 +905,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                                 "sweep": run.sweep, "params": run.params, "real": res.summary, "real_after_warmup": res.after_warmup,
                                 "router_decisions": res.router_decisions, "missing_tokens_s": res.missing_tokens_s,
                                 "errors": res.errors, "cpu_cores": cpu_cores,
+                                "request_overhead": request_overhead_s(res.requests, res.timeline),
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
                 (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},
@@ -890,7 +919,8 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
     done = []
     for seed, results in per_seed:
         simulate(results, runs, traces[seed], calibration, len(urls), args.max_num_batched_tokens,
-                 int(ecfg.max_num_seqs), args.max_model_len, args.minutes, seed, args.warmup_minutes)
+                 int(ecfg.max_num_seqs), args.max_model_len, args.minutes, seed, args.warmup_minutes,
+                 args.request_overhead)
         seed_args = {k: str(v) for k, v in vars(args).items() if k != "seeds"} | {"seed": str(seed)}
         _save(out / f"seed-{seed}", results, calibration, seed_args)
         done.append((seed, results))
@@ -945,9 +975,12 @@ def pooled_calibration(before: dict, after: dict | None, engines: dict) -> dict:
 
 def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dict, instances: int,
              max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, minutes: float, seed: int,
-             warmup_minutes: float = 0.0) -> None:
+             warmup_minutes: float = 0.0, request_overhead: bool = True) -> None:
     """Replay ``trace`` in the simulator for each run, with the engines' KV blocks and block
-    size and two step-cost profiles:
+    size, each request's time outside the engines as the run measured it
+    (``r["request_overhead"]``, :func:`router.replay.request_overhead_s`; 0 with
+    ``request_overhead=False`` or for runs recorded without the engines' latency counters),
+    and three step-cost profiles:
 
     - ``r["sim"]`` (whole run) and ``r["sim_after_warmup"]`` (the window from the first unit
       completion after ``warmup_minutes``; a second replay, the window being one per run):
@@ -979,12 +1012,14 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                                           disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
         missing_at = r.get("missing_tokens_s")  # measured times; runs saved before: the share
+        overhead_s = max(0.0, (r.get("request_overhead") or {}).get("overhead_s") or 0.0) if request_overhead else 0.0
+        r["sim_request_overhead_s"] = overhead_s
 
         def replay_sim(profile, warmup_s: float = 0.0, keep_decisions: bool = False) -> dict:
             cfg = SimConfig(instances=instances, engine=sim_cfg, cost=profile, mixture=dict(MIXTURE),
                             ceiling=run.ceiling, context_limit_tokens=max_model_len, warmup_frac=0.0,
                             signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
-                            horizon_s=minutes * 60, seed=seed, warmup_s=warmup_s)
+                            horizon_s=minutes * 60, seed=seed, warmup_s=warmup_s, request_overhead_s=overhead_s)
             policy = run.sim_policy(share, missing_at)
             summary = Simulation(cfg, trace, policy).run().summary
             if keep_decisions:
@@ -1084,10 +1119,10 @@ def _sample_problem(d) -> str | None:
     return None
 
 
-def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
+def resimulate(run_dir: Path, request_overhead: bool = True) -> tuple[list[dict], float, float]:
     """Redo the simulator half of one seed's finished benchmark in ``run_dir`` with the current
     simulator, profile fit and policy settings (its real figures, trace and measured steps
-    are kept), e.g. after a change to the simulator.
+    are kept), e.g. after a change to the simulator; ``request_overhead``: as :func:`simulate`'s.
 
     Returns:
         (results, minutes per run, warm-up minutes; 0 for a run saved before the warm window).
@@ -1117,7 +1152,7 @@ def resimulate(run_dir: Path) -> tuple[list[dict], float, float]:
             r["regime"] = regime(r.get("timeline") or [], int(ecfg.num_engines),
                                  tuple(r["real"].get("window_s") or (0.0, math.inf)))
     simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,
-             minutes, seed, warmup)
+             minutes, seed, warmup, request_overhead)
     _save(run_dir, results, calibration, args)
     return results, minutes, warmup
 

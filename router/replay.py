@@ -68,6 +68,19 @@ def router_decisions(metrics_text: str) -> dict[str, int]:
     return out
 
 
+def router_hold_seconds(metrics_text: str) -> float:
+    """The sum of our router's ``router_hold_seconds`` histogram (all classes) in its
+    ``/metrics`` page: seconds its admitted requests spent held; 0.0 when the page has none.
+
+    Raises:
+        ValueError: the page is not Prometheus text.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(float(sample.value) for family in text_string_to_metric_families(metrics_text)
+               for sample in family.samples if sample.name == "router_hold_seconds_sum")
+
+
 class ReplayError(RuntimeError):
     """The replay could not run (bad arguments, unreachable target, a tokenizer without words)."""
 
@@ -142,7 +155,11 @@ class ReplayResult:
             ``computed_prompt`` (hits excluded) and ``prompt`` (hits included) tokens,
             ``prefills`` (requests that got their first token) and ``generated`` tokens, from which
             :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
-            with ``router_state`` also ``caps``, ``held``, ``router_signals`` (per engine the
+            per engine the cumulative ``e2e_s`` and ``e2e_n`` (engine-side request seconds and
+            finished requests, vLLM's ``e2e_request_latency_seconds``: with the requests' own
+            times they give each request's time outside the engines, :func:`request_overhead_s`);
+            with ``router_state`` also ``caps``, ``held``, ``hold_s`` (seconds admitted requests
+            spent held, cumulative), ``router_signals`` (per engine the
             age of the router's last metric sample, its failed scrapes and lost KV-event
             batches so far, and its mapped KV blocks) and, where the policy's state has them,
             its ``policy_instances`` (kv_horizon: reserved and budget blocks, sessions by
@@ -248,6 +265,35 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
     }
 
 
+def request_overhead_s(requests: list[RequestRecord], timeline: list[dict]) -> dict | None:
+    """Each request's mean time outside the engines (router, HTTP hops, the engines' API
+    servers before vLLM stamps its arrival and after the last token), between the first and
+    the last timeline sample that carry the engines' latency counters.
+
+    It is the mean client time of the requests that finished in that interval, less the
+    engines' mean request time (``e2e_s`` / ``e2e_n`` differenced) and the mean time our
+    router held a request (``hold_s``, absent for other routers).
+
+    Returns:
+        ``{"overhead_s", "client_s", "engine_s", "hold_s", "requests"}`` (seconds per
+        request, and the engines' count of finished requests), or None when the timeline has
+        fewer than two such samples or no request finished between them.
+    """
+    samples = [t for t in timeline if "e2e_s" in t and "e2e_n" in t]
+    if len(samples) < 2:
+        return None
+    a, b = samples[0], samples[-1]
+    n = sum(b["e2e_n"]) - sum(a["e2e_n"])
+    client = [r.finish_s - r.arrival_s for r in requests if a["t_s"] < r.finish_s <= b["t_s"]]
+    if n <= 0 or not client:
+        return None
+    engine_s = (sum(b["e2e_s"]) - sum(a["e2e_s"])) / n
+    hold_s = (b["hold_s"] - a["hold_s"]) / n if "hold_s" in a and "hold_s" in b else 0.0
+    client_s = sum(client) / len(client)
+    return {"overhead_s": client_s - engine_s - hold_s, "client_s": client_s, "engine_s": engine_s,
+            "hold_s": hold_s, "requests": int(n)}
+
+
 class _Replay:
     """State of one replay (see :func:`replay`)."""
 
@@ -336,12 +382,22 @@ class _Replay:
             return {}
         insts = state.get("instances") or []
         policy = state.get("policy") or {}
+        hold_s = await self._router_hold_s()
         per_instance = policy.get("instances")  # e.g. kv_horizon: reservation, budget, sessions by class
         return {"caps": policy_caps(policy), "held": state.get("held_requests"),
+                **({"hold_s": hold_s} if hold_s is not None else {}),
                 **({"policy_instances": per_instance} if isinstance(per_instance, dict) else {}),
                 # per engine, in the router's order: signal health (cumulative failures, last sample's age)
                 "router_signals": [{k: i.get(k) for k in ("instance", "metrics_age_s", "scrapes_failed",
                                                            "kv_event_gaps", "kv_mapped_blocks")} for i in insts]}
+
+    async def _router_hold_s(self) -> float | None:
+        """Seconds our router's admitted requests spent held so far (``router_hold_seconds``' sum)."""
+        try:
+            async with self.http.get(f"{self.url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return router_hold_seconds(await r.text()) if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
 
     async def sample_engines(self, period_s: float) -> None:
         while True:
@@ -364,6 +420,9 @@ class _Replay:
                     "computed_prompt": [m.prompt_tokens_total - m.prefix_cache_hits_total for m in ms],
                     "prompt": [m.prompt_tokens_total for m in ms],
                     "prefills": [m.prefills_total for m in ms],
+                    # per engine, cumulative: engine-side request seconds and finished requests
+                    "e2e_s": [m.e2e_latency_s_total for m in ms],
+                    "e2e_n": [m.e2e_requests_total for m in ms],
                     "generated": [m.generation_tokens_total for m in ms], **router})
             await asyncio.sleep(period_s)
 

@@ -71,6 +71,9 @@ _SUMMED = {
     "num_preemptions_total": ("vllm:num_preemptions_total",),
     "engine_steps_total": ("vllm:iteration_tokens_total_count",),  # a histogram's count: one per step
     "prefills_total": ("vllm:time_to_first_token_seconds_count",),  # one per request's first token
+    # engine-side request time: from the arrival vLLM stamps (its API server hands the request on) to the last token
+    "e2e_latency_s_total": ("vllm:e2e_request_latency_seconds_sum",),
+    "e2e_requests_total": ("vllm:e2e_request_latency_seconds_count",),
 }
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"

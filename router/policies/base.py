@@ -118,6 +118,8 @@ class InstanceMetrics:
     num_preemptions_total: float = 0.0  # vllm:num_preemptions_total
     engine_steps_total: float = 0.0  # vllm:iteration_tokens_total's count: engine steps (iterations)
     prefills_total: float = 0.0  # vllm:time_to_first_token_seconds' count: prefills that gave a first token
+    e2e_latency_s_total: float = 0.0  # vllm:e2e_request_latency_seconds' sum: engine-side request time (s)
+    e2e_requests_total: float = 0.0  # its count: finished requests
 
 
 @dataclass(frozen=True)

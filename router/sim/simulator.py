@@ -136,6 +136,12 @@ class SimConfig:
         seed: RNG seed of signal loss.
         chars_per_token: prompt text length per token, for policies that match on text
             (``needs_prompt_text``, e.g. vllm_router; ``router/sim/prompt_text.py``).
+        request_overhead_s: seconds each request spends outside the engines (router, HTTP
+            hops, the engines' API servers), added before it reaches the router: a session's
+            first request arrives this long after its release, each later one this long after
+            its tool gap. ``bench.router_real`` measures it on real runs
+            (:func:`router.replay.request_overhead_s`); 0 in the paper-sized recipes, whose
+            requests run for seconds on GPUs.
         raise_policy_errors: an exception out of the policy stops the run (True, for tests
             and policy development), or is counted in ``summary["policy_errors"]`` and the
             run goes on as in the live router (False; :mod:`router.policy_errors`).
@@ -158,6 +164,7 @@ class SimConfig:
     shift: WorkloadShift | None = None
     seed: int = 0
     chars_per_token: float = 4.0
+    request_overhead_s: float = 0.0
     raise_policy_errors: bool = True
 
 
@@ -323,7 +330,7 @@ class Simulation:
                 if s.workload_class == "agent":
                     run.gap_factor = shift.agent_tool_gap_factor
             self._runs[s.session_id] = run
-            self._push(self.now, _ARRIVE, run)
+            self._push(self.now + self.cfg.request_overhead_s, _ARRIVE, run)
         if not was_stopped and self.trainer.stopped_s is not None:
             self._mark_window("stop")
 
@@ -516,7 +523,7 @@ class Simulation:
             gap = run.trace.requests[run.turn].tool_gap_s * run.gap_factor
             run.gap_s += gap
             run.turn += 1
-            self._push(self.now + gap, _ARRIVE, run)
+            self._push(self.now + gap + self.cfg.request_overhead_s, _ARRIVE, run)
 
     # ------------------------------------------------------------------ signals
     def _publish_kv(self, engine: Engine) -> None:

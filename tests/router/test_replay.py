@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from router.replay import ReplayError, WordText, replay, window_summary
+from router.replay import (ReplayError, RequestRecord, WordText, replay, request_overhead_s, router_hold_seconds,
+                           window_summary)
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
 from tests.http_app import serving
@@ -254,3 +255,41 @@ async def test_router_sample_keeps_caps_signals_and_the_policys_per_engine_state
     assert sample["router_signals"] == [{"instance": "http://e0", "metrics_age_s": 0.2, "scrapes_failed": 1,
                                          "kv_event_gaps": 0, "kv_mapped_blocks": 12}]
     assert sample["policy_instances"]["http://e0"]["sessions"] == {"agent": 2, "rlvr": 1}
+
+
+def _request(arrival: float, finish: float) -> RequestRecord:
+    return RequestRecord("s", "agent", "u", None, 0, arrival, finish, 100, 10, 0.0, True, 0, 0)
+
+
+def test_request_overhead_is_client_time_less_engine_and_hold_time():
+    """Two engines, 4 requests between the samples: client 1.0 s each on average, the engines
+    0.6 s, our router held them 0.1 s: 0.3 s outside the engines. A request finished before
+    the first sample is not counted."""
+    timeline = [{"t_s": 10.0, "e2e_s": [5.0, 1.0], "e2e_n": [4, 2], "hold_s": 2.0},
+                {"t_s": 15.0, "e2e_s": [6.0, 2.0]},  # no counts: not used
+                {"t_s": 20.0, "e2e_s": [6.2, 2.2], "e2e_n": [6, 4], "hold_s": 2.4}]
+    requests = [_request(0.0, 9.0), _request(10.0, 10.8), _request(11.0, 12.2), _request(12.0, 13.0),
+                _request(18.0, 19.0)]
+    got = request_overhead_s(requests, timeline)
+    assert got["engine_s"] == pytest.approx(0.6) and got["hold_s"] == pytest.approx(0.1)
+    assert got["client_s"] == pytest.approx(1.0) and got["overhead_s"] == pytest.approx(0.3)
+    assert got["requests"] == 4
+    # the vLLM Router has no hold counter: nothing held
+    for t in timeline:
+        t.pop("hold_s", None)
+    assert request_overhead_s(requests, timeline)["overhead_s"] == pytest.approx(0.4)
+    # too few samples, or none finished between them: no figure
+    assert request_overhead_s(requests, timeline[:1]) is None
+    assert request_overhead_s([_request(0.0, 9.0)], timeline) is None
+
+
+def test_router_hold_seconds_sums_the_classes():
+    text = ("# TYPE router_hold_seconds histogram\n"
+            'router_hold_seconds_bucket{workload_class="agent",le="+Inf"} 3.0\n'
+            'router_hold_seconds_count{workload_class="agent"} 3.0\n'
+            'router_hold_seconds_sum{workload_class="agent"} 1.5\n'
+            'router_hold_seconds_bucket{workload_class="rlvr",le="+Inf"} 1.0\n'
+            'router_hold_seconds_count{workload_class="rlvr"} 1.0\n'
+            'router_hold_seconds_sum{workload_class="rlvr"} 0.25\n')
+    assert router_hold_seconds(text) == pytest.approx(1.75)
+    assert router_hold_seconds("other_metric 1.0\n") == 0.0

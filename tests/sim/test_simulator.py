@@ -279,3 +279,20 @@ def test_the_summary_counts_the_engines_steps_of_its_window(mini_trace):
     assert figures["ms_per_step"] == pytest.approx(1000 * d[1] / d[0])
     assert figures["prefill_tokens_per_step"] == pytest.approx(d[2] / d[0]) and d[2] > 0
     assert figures["decode_seqs_per_step"] == pytest.approx(d[3] / d[0]) and d[3] > 0
+
+
+def test_request_overhead_delays_each_request_before_the_router():
+    """One two-turn session with a 1 s tool gap: 2 s outside the engines per request make the
+    run 4 s longer, and the policy sees the first request arrive at 2 s."""
+    session = TraceSession("a0", "agent", "a0", None, [TraceRecord("a0", "agent", 0, 512, 64, tool_gap_s=1.0),
+                                                     TraceRecord("a0", "agent", 1, 640, 64, session_end=True)])
+    ends, arrivals = [], []
+    for overhead in (0.0, 2.0):
+        cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=600, block_size=64),
+                        cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"agent": 1},
+                        ceiling=1, context_limit_tokens=LIMIT, request_overhead_s=overhead)
+        policy = OneSessionAtATime()
+        ends.append(Simulation(cfg, [session], policy).run().summary["sim_end_s"])
+        arrivals.append(policy.calls[0][0])
+    assert ends[1] - ends[0] == pytest.approx(4.0)
+    assert arrivals == [0.0, 2.0]
