@@ -79,7 +79,7 @@ from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
 from router.launch import VLLM_ROUTER_LOG_LEVELS, start_router
 from router.policies import POLICY_NAMES, make_policy, registered_policy_names
-from router.replay import ReplayError, WordText, replay, request_overhead_s, scrape_engines
+from router.replay import ReplayError, WordText, replay, request_times, scrape_engines
 from router.sim.calibrate import measure_step_samples, step_samples_from_timeline
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
@@ -389,27 +389,55 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
 
 
-def _overhead_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
-    """Markdown: each run's mean request time at the client, in the engines (vLLM's
-    e2e_request_latency), held by our router, and the rest (outside the engines), means over
-    seeds; ``[]`` when no run recorded them (runs saved before the engines' latency counters)."""
+def _request_times(r: dict) -> dict | None:
+    """A run's :func:`router.replay.request_times` (saved as ``request_overhead`` on 2026-12-05)."""
+    return r.get("request_times") or r.get("request_overhead")
+
+
+def _mean_cell(values: list) -> str:
+    """The mean of the values that are not None, 2 decimals; "n/a" when none is."""
+    got = [v for v in values if v is not None]
+    return f"{statistics.fmean(got):.2f}" if got else "n/a"
+
+
+def _request_times_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+    """Markdown: where each run's requests spent their time (:func:`router.replay.request_times`),
+    real beside the simulator's replay (CPU-scaled profile where the run has one, else the
+    calibration's), means over seeds; ``[]`` when no run recorded them (runs saved before the
+    engines' latency counters)."""
     rows = []
     for label in order:
-        got = [r["request_overhead"] for _, res in per_seed for r in res
-               if r["label"] == label and r.get("request_overhead")]
-        if not got:
+        runs = [r for _, res in per_seed for r in res if r["label"] == label and _request_times(r)]
+        if not runs:
             continue
-        cells = " | ".join(f"{statistics.fmean(g[k] for g in got):.2f}" for k in ("client_s", "engine_s", "hold_s", "overhead_s"))
-        sims = sorted({r.get("sim_request_overhead_s", 0.0) > 0 for _, res in per_seed for r in res if r["label"] == label})
-        rows.append(f"| {label} | {cells} | {'yes' if sims == [True] else 'no' if sims == [False] else 'some runs'} |")
+        got = [_request_times(r) for r in runs]
+        sims = [r.get("sim_cpu") or r.get("sim") or {} for r in runs]
+
+        def cell(key: str) -> str:
+            return _mean_cell([g.get(key) for g in got])
+
+        def both(real: list, sim: list) -> str:
+            return f"{_mean_cell(real)} / {_mean_cell(sim)}"
+
+        first = both([g["queue_s"] + g["prefill_s"] if "prefill_s" in g else None for g in got],
+                     [m.get("request_first_token_s") for m in sims])
+        decode = both([g.get("decode_s") for g in got], [m.get("request_decode_s") for m in sims])
+        added = _mean_cell([r.get("sim_request_overhead_s") for r in runs])
+        rows.append(f"| {label} | {cell('client_s')} | {cell('overhead_s')} | {cell('hold_s')} | {cell('api_s')} | "
+                    f"{first} | {decode} | {added} |")
     if not rows:
         return []
-    return ["### Time per request outside the engines (whole run, s, means over seeds)", "",
-            "The client's time per request less the engines' own (vLLM's e2e_request_latency) and the time "
-            "our router held it: the router, the HTTP hops and the engines' API servers. The simulator "
-            "adds each run's figure before each request reaches the router, unless run with --no-request-overhead.", "",
-            "| Router | client | engine | held | outside the engines | in the simulator |",
-            "|---|---|---|---|---|---|", *rows, ""]
+    return ["### Where a request's time went (whole run, s per request, means over seeds)", "",
+            "At the client; outside the engines (the client's time less vLLM's e2e_request_latency: the router, "
+            "the HTTP hops, the API servers before vLLM stamps the arrival); held by our router (its held seconds over "
+            "the finished requests: counted for other requests than those that finished, so behind our router the "
+            "time outside the engines is n/a); inside vLLM's e2e but outside the engine core (the API server's input "
+            "and output processing); to the first token (vLLM's queue + prefill time; simulated: admitted to an "
+            "engine -> first token) and decode (first token -> last), real / simulated (CPU-scaled profile where "
+            "the run has one). The last column is what the simulator added before each request "
+            "(--no-request-overhead: nothing).", "",
+            "| Router | client | outside the engines | held | API server | to first token | decode | added in the simulator |",
+            "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float,
@@ -430,7 +458,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
         lines += [f"## Window: {title}", ""]
         per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sims, lines)
     lines += _decisions_section(per_seed, order)
-    lines += _overhead_section(per_seed, order)
+    lines += _request_times_section(per_seed, order)
     lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
              "|---|---|---|---|---|---|"]
@@ -752,8 +780,9 @@ def main() -> None:
                              "per shape between two sessions)")
     parser.add_argument("--request-overhead", action=argparse.BooleanOptionalAction, default=True,
                         help="the simulator's replay adds each request's time outside the engines (router, HTTP "
-                             "hops, API servers) as the real run measured it (client time less vLLM's "
-                             "e2e_request_latency and our router's holds); --no-request-overhead replays without it")
+                             "hops, API servers) as the real vLLM Router's run measured it (client time less vLLM's "
+                             "e2e_request_latency; behind our router it is not separable from its holds and none is "
+                             "added); --no-request-overhead replays without it")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
@@ -905,7 +934,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                                 "sweep": run.sweep, "params": run.params, "real": res.summary, "real_after_warmup": res.after_warmup,
                                 "router_decisions": res.router_decisions, "missing_tokens_s": res.missing_tokens_s,
                                 "errors": res.errors, "cpu_cores": cpu_cores,
-                                "request_overhead": request_overhead_s(res.requests, res.timeline),
+                                "request_times": request_times(res.requests, res.timeline),
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
                 (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},
@@ -978,7 +1007,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
              warmup_minutes: float = 0.0, request_overhead: bool = True) -> None:
     """Replay ``trace`` in the simulator for each run, with the engines' KV blocks and block
     size, each request's time outside the engines as the run measured it
-    (``r["request_overhead"]``, :func:`router.replay.request_overhead_s`; 0 with
+    (``r["request_times"]``, :func:`router.replay.request_times`; 0 with
     ``request_overhead=False`` or for runs recorded without the engines' latency counters),
     and three step-cost profiles:
 
@@ -1012,7 +1041,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                                           disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
         missing_at = r.get("missing_tokens_s")  # measured times; runs saved before: the share
-        overhead_s = max(0.0, (r.get("request_overhead") or {}).get("overhead_s") or 0.0) if request_overhead else 0.0
+        overhead_s = max(0.0, (_request_times(r) or {}).get("overhead_s") or 0.0) if request_overhead else 0.0
         r["sim_request_overhead_s"] = overhead_s
 
         def replay_sim(profile, warmup_s: float = 0.0, keep_decisions: bool = False) -> dict:
@@ -1147,7 +1176,11 @@ def resimulate(run_dir: Path, request_overhead: bool = True) -> tuple[list[dict]
                       params=dict(r.get("params", REPLAY_PARAMS.get(r["policy"], {}) if r["impl"] == "ours" else {})))
             for r in results]
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
-    for r in results:  # runs saved before the regime figures existed get them from their timeline
+    for r in results:
+        times = _request_times(r)
+        if times and any("hold_s" in t for t in r.get("timeline") or []):
+            times["overhead_s"] = None  # saved before request_times left it out behind our router
+        # runs saved before the regime figures existed get them from their timeline
         if "regime" not in r:
             r["regime"] = regime(r.get("timeline") or [], int(ecfg.num_engines),
                                  tuple(r["real"].get("window_s") or (0.0, math.inf)))

@@ -156,8 +156,10 @@ class ReplayResult:
             ``prefills`` (requests that got their first token) and ``generated`` tokens, from which
             :func:`router.sim.calibrate.step_samples_from_timeline` derives its mean steps;
             per engine the cumulative ``e2e_s`` and ``e2e_n`` (engine-side request seconds and
-            finished requests, vLLM's ``e2e_request_latency_seconds``: with the requests' own
-            times they give each request's time outside the engines, :func:`request_overhead_s`);
+            finished requests, vLLM's ``e2e_request_latency_seconds``) and the engine core's
+            ``queue_s``, ``prefill_s``, ``decode_s`` (its request queue, prefill and decode
+            seconds): with the requests' own times they say where the time went,
+            :func:`request_times`;
             with ``router_state`` also ``caps``, ``held``, ``hold_s`` (seconds admitted requests
             spent held, cumulative), ``router_signals`` (per engine the
             age of the router's last metric sample, its failed scrapes and lost KV-event
@@ -265,19 +267,29 @@ def window_summary(trainer: Trainer, requests: list[RequestRecord], window: tupl
     }
 
 
-def request_overhead_s(requests: list[RequestRecord], timeline: list[dict]) -> dict | None:
-    """Each request's mean time outside the engines (router, HTTP hops, the engines' API
-    servers before vLLM stamps its arrival and after the last token), between the first and
-    the last timeline sample that carry the engines' latency counters.
+def request_times(requests: list[RequestRecord], timeline: list[dict]) -> dict | None:
+    """Where a request's time went, mean seconds per request, between the first and the
+    last timeline sample that carry the engines' latency counters: at the client, in the
+    engines (vLLM's e2e_request_latency, from the arrival vLLM stamps to the last token), and
+    outside them (``overhead_s``: the router, the HTTP hops, the API servers before that
+    stamp); within the engines, where the timeline has them, the engine core's queue, its
+    prefill (first schedule to first token) and decode (first token to last), and the rest
+    (``api_s``: the API server's part inside vLLM's e2e, input and output processing).
 
-    It is the mean client time of the requests that finished in that interval, less the
-    engines' mean request time (``e2e_s`` / ``e2e_n`` differenced) and the mean time our
-    router held a request (``hold_s``, absent for other routers).
+    ``overhead_s`` is the mean client time of the requests that finished in that interval
+    less the engines' mean request time (``e2e_s`` / ``e2e_n`` differenced). Behind our
+    router (``hold_s`` in the timeline) the client time also holds the time a request waited
+    in HOLD, which its router counts when the hold ends, not when the request finishes: for
+    an admission policy that holds new sessions for many seconds the two sets differ (in one
+    kv_horizon run the held seconds per finished request exceeded the client time less the
+    engine time by 4 s), so there it is not separable and ``overhead_s`` is None.
 
     Returns:
-        ``{"overhead_s", "client_s", "engine_s", "hold_s", "requests"}`` (seconds per
-        request, and the engines' count of finished requests), or None when the timeline has
-        fewer than two such samples or no request finished between them.
+        ``{"overhead_s", "client_s", "engine_s", "hold_s", "requests"}`` (``hold_s``: held
+        seconds over the engines' finished requests, 0.0 for other routers; ``requests``: the
+        engines' count of finished requests) and, where the timeline has them, ``queue_s``,
+        ``prefill_s``, ``decode_s`` and ``api_s``; or None when the timeline has fewer than two
+        such samples or no request finished between them.
     """
     samples = [t for t in timeline if "e2e_s" in t and "e2e_n" in t]
     if len(samples) < 2:
@@ -287,11 +299,20 @@ def request_overhead_s(requests: list[RequestRecord], timeline: list[dict]) -> d
     client = [r.finish_s - r.arrival_s for r in requests if a["t_s"] < r.finish_s <= b["t_s"]]
     if n <= 0 or not client:
         return None
-    engine_s = (sum(b["e2e_s"]) - sum(a["e2e_s"])) / n
-    hold_s = (b["hold_s"] - a["hold_s"]) / n if "hold_s" in a and "hold_s" in b else 0.0
+
+    def per_request(key: str) -> float:
+        return (sum(b[key]) - sum(a[key])) / n
+
+    engine_s = per_request("e2e_s")
+    held = "hold_s" in a and "hold_s" in b
     client_s = sum(client) / len(client)
-    return {"overhead_s": client_s - engine_s - hold_s, "client_s": client_s, "engine_s": engine_s,
-            "hold_s": hold_s, "requests": int(n)}
+    out = {"overhead_s": None if held else client_s - engine_s, "client_s": client_s, "engine_s": engine_s,
+           "hold_s": (b["hold_s"] - a["hold_s"]) / n if held else 0.0, "requests": int(n)}
+    parts = ("queue_s", "prefill_s", "decode_s")
+    if all(k in a and k in b for k in parts):
+        out.update({k: per_request(k) for k in parts})
+        out["api_s"] = engine_s - sum(out[k] for k in parts)
+    return out
 
 
 class _Replay:
@@ -423,6 +444,10 @@ class _Replay:
                     # per engine, cumulative: engine-side request seconds and finished requests
                     "e2e_s": [m.e2e_latency_s_total for m in ms],
                     "e2e_n": [m.e2e_requests_total for m in ms],
+                    # and the engine core's part of it: queued, first schedule to first token, decode
+                    "queue_s": [m.queue_time_s_total for m in ms],
+                    "prefill_s": [m.prefill_time_s_total for m in ms],
+                    "decode_s": [m.decode_time_s_total for m in ms],
                     "generated": [m.generation_tokens_total for m in ms], **router})
             await asyncio.sleep(period_s)
 

@@ -74,6 +74,9 @@ _SUMMED = {
     # engine-side request time: from the arrival vLLM stamps (its API server hands the request on) to the last token
     "e2e_latency_s_total": ("vllm:e2e_request_latency_seconds_sum",),
     "e2e_requests_total": ("vllm:e2e_request_latency_seconds_count",),
+    "queue_time_s_total": ("vllm:request_queue_time_seconds_sum",),
+    "prefill_time_s_total": ("vllm:request_prefill_time_seconds_sum",),
+    "decode_time_s_total": ("vllm:request_decode_time_seconds_sum",),
 }
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"

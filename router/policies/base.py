@@ -120,6 +120,9 @@ class InstanceMetrics:
     prefills_total: float = 0.0  # vllm:time_to_first_token_seconds' count: prefills that gave a first token
     e2e_latency_s_total: float = 0.0  # vllm:e2e_request_latency_seconds' sum: engine-side request time (s)
     e2e_requests_total: float = 0.0  # its count: finished requests
+    queue_time_s_total: float = 0.0  # vllm:request_queue_time_seconds' sum: waiting in the scheduler (s)
+    prefill_time_s_total: float = 0.0  # vllm:request_prefill_time_seconds' sum: first schedule to first token (s)
+    decode_time_s_total: float = 0.0  # vllm:request_decode_time_seconds' sum: first token to last (s)
 
 
 @dataclass(frozen=True)

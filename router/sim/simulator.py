@@ -140,7 +140,7 @@ class SimConfig:
             hops, the engines' API servers), added before it reaches the router: a session's
             first request arrives this long after its release, each later one this long after
             its tool gap. ``bench.router_real`` measures it on real runs
-            (:func:`router.replay.request_overhead_s`); 0 in the paper-sized recipes, whose
+            (:func:`router.replay.request_times`); 0 in the paper-sized recipes, whose
             requests run for seconds on GPUs.
         raise_policy_errors: an exception out of the policy stops the run (True, for tests
             and policy development), or is counted in ``summary["policy_errors"]`` and the

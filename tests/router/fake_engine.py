@@ -161,9 +161,10 @@ async def running_engines(n: int = 2, **options) -> AsyncIterator[list[FakeEngin
 
 
 def vllm_metrics_text(running: int, waiting: int, block_size: int, num_blocks: int, served: int = 0,
-                      engine_s: float = 0.0) -> str:
+                      engine_s: float = 0.0, core_s: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> str:
     """A /metrics page shaped like vLLM 0.32's (names and labels from shared/notes/vllm-cpu.md);
-    ``engine_s``: the served requests' summed time (e2e_request_latency's sum)."""
+    ``engine_s``: the served requests' summed time (e2e_request_latency's sum); ``core_s``:
+    their summed queue, prefill and decode times."""
     labels = 'engine="0",model_name="fake-model"'
     return f"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -212,6 +213,18 @@ vllm:time_to_first_token_seconds_sum{{{labels}}} 0.0
 vllm:e2e_request_latency_seconds_bucket{{{labels},le="+Inf"}} {float(served)}
 vllm:e2e_request_latency_seconds_count{{{labels}}} {float(served)}
 vllm:e2e_request_latency_seconds_sum{{{labels}}} {float(engine_s)}
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_count{{{labels}}} {float(served)}
+vllm:request_queue_time_seconds_sum{{{labels}}} {float(core_s[0])}
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_count{{{labels}}} {float(served)}
+vllm:request_prefill_time_seconds_sum{{{labels}}} {float(core_s[1])}
+# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase for request.
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_count{{{labels}}} {float(served)}
+vllm:request_decode_time_seconds_sum{{{labels}}} {float(core_s[2])}
 """
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from router.replay import (ReplayError, RequestRecord, WordText, replay, request_overhead_s, router_hold_seconds,
+from router.replay import (ReplayError, RequestRecord, WordText, replay, request_times, router_hold_seconds,
                            window_summary)
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
@@ -261,26 +261,32 @@ def _request(arrival: float, finish: float) -> RequestRecord:
     return RequestRecord("s", "agent", "u", None, 0, arrival, finish, 100, 10, 0.0, True, 0, 0)
 
 
-def test_request_overhead_is_client_time_less_engine_and_hold_time():
+def test_request_times_split_client_time_into_outside_api_server_and_engine_core():
     """Two engines, 4 requests between the samples: client 1.0 s each on average, the engines
-    0.6 s, our router held them 0.1 s: 0.3 s outside the engines. A request finished before
-    the first sample is not counted."""
-    timeline = [{"t_s": 10.0, "e2e_s": [5.0, 1.0], "e2e_n": [4, 2], "hold_s": 2.0},
+    0.6 s: 0.4 s outside the engines. A request finished before the first sample is not
+    counted. Behind our router, whose hold counter counts other requests than those that
+    finished, the held time is reported and the overhead is not separated."""
+    timeline = [{"t_s": 10.0, "e2e_s": [5.0, 1.0], "e2e_n": [4, 2], "hold_s": 2.0,
+                 "queue_s": [0.0, 0.0], "prefill_s": [1.0, 1.0], "decode_s": [2.0, 0.0]},
                 {"t_s": 15.0, "e2e_s": [6.0, 2.0]},  # no counts: not used
-                {"t_s": 20.0, "e2e_s": [6.2, 2.2], "e2e_n": [6, 4], "hold_s": 2.4}]
+                {"t_s": 20.0, "e2e_s": [6.2, 2.2], "e2e_n": [6, 4], "hold_s": 2.4,
+                 "queue_s": [0.2, 0.0], "prefill_s": [1.2, 1.2], "decode_s": [3.0, 0.6]}]
     requests = [_request(0.0, 9.0), _request(10.0, 10.8), _request(11.0, 12.2), _request(12.0, 13.0),
                 _request(18.0, 19.0)]
-    got = request_overhead_s(requests, timeline)
+    got = request_times(requests, timeline)
     assert got["engine_s"] == pytest.approx(0.6) and got["hold_s"] == pytest.approx(0.1)
-    assert got["client_s"] == pytest.approx(1.0) and got["overhead_s"] == pytest.approx(0.3)
+    assert got["client_s"] == pytest.approx(1.0) and got["overhead_s"] is None
     assert got["requests"] == 4
-    # the vLLM Router has no hold counter: nothing held
+    # the engine core's split: queue 0.05, prefill 0.1, decode 0.4, the API server the rest
+    assert (got["queue_s"], got["prefill_s"], got["decode_s"]) == pytest.approx((0.05, 0.1, 0.4))
+    assert got["api_s"] == pytest.approx(0.05)
+    # the vLLM Router has no hold counter
     for t in timeline:
         t.pop("hold_s", None)
-    assert request_overhead_s(requests, timeline)["overhead_s"] == pytest.approx(0.4)
+    assert request_times(requests, timeline)["overhead_s"] == pytest.approx(0.4)
     # too few samples, or none finished between them: no figure
-    assert request_overhead_s(requests, timeline[:1]) is None
-    assert request_overhead_s([_request(0.0, 9.0)], timeline) is None
+    assert request_times(requests, timeline[:1]) is None
+    assert request_times([_request(0.0, 9.0)], timeline) is None
 
 
 def test_router_hold_seconds_sums_the_classes():

@@ -92,13 +92,12 @@ def test_bad_arguments_are_refused_before_any_engine_starts(args, message):
     assert "Traceback" not in p.stderr
 
 
-def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
-    """A finished run folder (real figures, trace, measured steps) gets fresh simulator
-    figures and its tables without starting an engine; a folder that is none is refused."""
-    import json
-
+def _finished_run(folder) -> tuple[list[dict], dict, dict, dict]:
+    """A hand-made finished run in ``folder`` (its trace.jsonl; the caller writes results.json):
+    (runs, calibration, args, real figures), a vLLM Router run at c=4 and a misa_t one at c=8."""
     from router.sim.trace import write_trace
 
+    tmp_path = folder
     trace = generate_trace(WorkloadConfig(units=60, pool_mixture=dict(MIXTURE), context_limit_tokens=1984,
                                           classes=cpu_classes(1984, 0.25), seed=0))
     write_trace(trace, tmp_path / "trace.jsonl")
@@ -128,6 +127,15 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
         {"prefill_tokens": 1024, "decode_seqs": 0, "context_tokens": 1024, "step_time_s": 1.9},
         {"prefill_tokens": 256, "decode_seqs": 0, "context_tokens": 1280, "step_time_s": 0.39}]}
     args = {"minutes": "0.5", "seed": "0", "max_model_len": "2048", "max_num_batched_tokens": "2048"}
+    return runs, calibration, args, real
+
+
+def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
+    """A finished run folder (real figures, trace, measured steps) gets fresh simulator
+    figures and its tables without starting an engine; a folder that is none is refused."""
+    import json
+
+    runs, calibration, args, real = _finished_run(tmp_path)
     (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
     run = subprocess.run([sys.executable, "-m", "bench.router_real", "--resimulate", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
@@ -381,3 +389,29 @@ def test_calibrations_before_and_after_the_runs_are_pooled_and_their_drift_repor
     assert line.startswith("Calibrated steps after the runs / before, per shape (4 shapes): median 1.50x, range 1.50-1.50x")
     (tmp_path / "calibration.json").write_text(json.dumps(before))  # calibrated once: no line
     assert _drift_section(tmp_path) == []
+
+
+def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
+    """A run's measured time outside the engines delays each simulated request (fewer samples
+    than without it) and the summary tables where the time went; behind our router (held
+    seconds in its timeline) it is not separable and nothing is added."""
+    import json
+
+    from bench.router_real import resimulate, summarize_seeds
+
+    runs, calibration, args, _ = _finished_run(tmp_path)
+    runs[0]["request_times"] = {"overhead_s": 2.0, "client_s": 3.0, "engine_s": 1.0, "hold_s": 0.0, "requests": 40,
+                                "queue_s": 0.1, "prefill_s": 0.3, "decode_s": 0.5, "api_s": 0.1}
+    runs[1]["request_times"] = {"overhead_s": 0.5, "client_s": 3.0, "engine_s": 1.0, "hold_s": 1.5, "requests": 40}
+    runs[1]["timeline"] = [dict(t, hold_s=0.0) for t in runs[1]["timeline"]]
+    (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
+    plain, _, _ = resimulate(tmp_path, request_overhead=False)
+    with_overhead, _, _ = resimulate(tmp_path)
+    assert [r["sim_request_overhead_s"] for r in plain] == [0.0, 0.0]
+    assert [r["sim_request_overhead_s"] for r in with_overhead] == [2.0, 0.0]
+    assert with_overhead[1]["request_times"]["overhead_s"] is None
+    assert with_overhead[0]["sim"]["samples_per_min"] < plain[0]["sim"]["samples_per_min"]
+    assert with_overhead[0]["sim"]["request_first_token_s"] > 0 and with_overhead[0]["sim"]["request_decode_s"] > 0
+    text = summarize_seeds([(0, with_overhead)], tmp_path, 0.5)
+    table = text.split("### Where a request's time went")[1].split("###")[0]
+    assert "| vllm-router c=4 | 3.00 | 2.00 | 0.00 | 0.10 | 0.40 / " in table and table.count("| misa_t c=8 | 3.00 | n/a |") == 1

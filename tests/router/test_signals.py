@@ -19,13 +19,15 @@ INSTANCE = "http://engine-0:8000"
 
 
 def test_vllm_metrics_page_parsed_into_instance_metrics():
-    text = vllm_metrics_text(running=3, waiting=2, block_size=128, num_blocks=364, served=5, engine_s=2.5)
+    text = vllm_metrics_text(running=3, waiting=2, block_size=128, num_blocks=364, served=5, engine_s=2.5,
+                             core_s=(0.5, 0.75, 1.0))
     m = parse_engine_metrics(text)
     assert m == InstanceMetrics(
         num_requests_running=3, num_requests_waiting=2, kv_cache_usage=0.25, num_blocks=364, block_size=128,
         prefix_cache_queries_total=5000.0, prefix_cache_hits_total=4480.0, prompt_tokens_total=5000.0,
         generation_tokens_total=640.0, num_preemptions_total=0.0, engine_steps_total=640.0, prefills_total=5.0,
-        e2e_latency_s_total=2.5, e2e_requests_total=5.0,
+        e2e_latency_s_total=2.5, e2e_requests_total=5.0, queue_time_s_total=0.5, prefill_time_s_total=0.75,
+        decode_time_s_total=1.0,
     )  # a step per generated token here: 128 steps per request, the fake's page says
 
 
