@@ -419,25 +419,27 @@ def _request_times_section(per_seed: list[tuple[int, list[dict]]], order: list[s
         def both(real: list, sim: list) -> str:
             return f"{_mean_cell(real)} / {_mean_cell(sim)}"
 
-        first = both([g["queue_s"] + g["prefill_s"] if "prefill_s" in g else None for g in got],
-                     [m.get("request_first_token_s") for m in sims])
-        decode = both([g.get("decode_s") for g in got], [m.get("request_decode_s") for m in sims])
-        added = _mean_cell([r.get("sim_request_overhead_s") for r in runs])
-        rows.append(f"| {label} | {cell('client_s')} | {cell('overhead_s')} | {cell('hold_s')} | {cell('api_s')} | "
-                    f"{first} | {decode} | {added} |")
+        core = " | ".join(both([g.get(f"{k}_s") for g in got], [m.get(f"request_{k}_s") for m in sims])
+                          for k in ("queue", "prefill", "decode"))
+        added = " + ".join(_mean_cell([r.get(k) for r in runs]) for k in ("sim_request_overhead_s", "sim_continuation_delay_s"))
+        rows.append(f"| {label} | {cell('client_s')} | {cell('between_s')} | {cell('overhead_s')} | {cell('hold_s')} | "
+                    f"{cell('api_s')} | {core} | {added} |")
     if not rows:
         return []
     return ["### Where a request's time went (whole run, s per request, means over seeds)", "",
-            "At the client; outside the engines (the client's time less vLLM's e2e_request_latency: the router, "
+            "At the client; the client's own time between a response and the session's next request, past the tool "
+            "gap (runs recorded before it was measured: n/a); outside the engines (the client's time less vLLM's e2e_request_latency: the router, "
             "the HTTP hops, the API servers before vLLM stamps the arrival); held by our router (its held seconds over "
             "the finished requests: counted for other requests than those that finished, so behind our router the "
-            "time outside the engines is n/a); inside vLLM's e2e but outside the engine core (the API server's input "
-            "and output processing); to the first token (vLLM's queue + prefill time; simulated: admitted to an "
-            "engine -> first token) and decode (first token -> last), real / simulated (CPU-scaled profile where "
-            "the run has one). The last column is what the simulator added before each request "
-            "(--no-request-overhead: nothing).", "",
-            "| Router | client | outside the engines | held | API server | to first token | decode | added in the simulator |",
-            "|---|---|---|---|---|---|---|---|", *rows, ""]
+            "time outside the engines is n/a); inside vLLM's e2e but outside the engine core's queue, prefill and "
+            "decode (the API server's input and output processing, and the wait for the engine core to take a request "
+            "in between two steps); then vLLM's queue (waiting in the scheduler), prefill (first schedule -> first "
+            "token) and decode (first token -> last) times, real / simulated (the simulator's engines split a request "
+            "the same way; CPU-scaled profile where the run has one). The last column is what the simulator added "
+            "before each request + before each later request of a session (--no-request-overhead: nothing).", "",
+            "| Router | client | client between requests | outside the engines | held | API server | queue | prefill | decode "
+            "| added in the simulator |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: float,
@@ -782,7 +784,8 @@ def main() -> None:
                         help="the simulator's replay adds each request's time outside the engines (router, HTTP "
                              "hops, API servers) as the real vLLM Router's run measured it (client time less vLLM's "
                              "e2e_request_latency; behind our router it is not separable from its holds and none is "
-                             "added); --no-request-overhead replays without it")
+                             "added), and the replay client's own time between a response and the session's next "
+                             "request; --no-request-overhead replays without either")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
@@ -1006,8 +1009,9 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
              max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, minutes: float, seed: int,
              warmup_minutes: float = 0.0, request_overhead: bool = True) -> None:
     """Replay ``trace`` in the simulator for each run, with the engines' KV blocks and block
-    size, each request's time outside the engines as the run measured it
-    (``r["request_times"]``, :func:`router.replay.request_times`; 0 with
+    size, each request's time outside the engines and the client's time between a response
+    and the session's next request as the run measured them (``r["request_times"]``,
+    :func:`router.replay.request_times`: ``overhead_s``, ``between_s``; 0 with
     ``request_overhead=False`` or for runs recorded without the engines' latency counters),
     and three step-cost profiles:
 
@@ -1041,14 +1045,17 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                                           disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
         missing_at = r.get("missing_tokens_s")  # measured times; runs saved before: the share
-        overhead_s = max(0.0, (_request_times(r) or {}).get("overhead_s") or 0.0) if request_overhead else 0.0
-        r["sim_request_overhead_s"] = overhead_s
+        times = (_request_times(r) or {}) if request_overhead else {}
+        overhead_s = max(0.0, times.get("overhead_s") or 0.0)
+        between_s = max(0.0, times.get("between_s") or 0.0)
+        r["sim_request_overhead_s"], r["sim_continuation_delay_s"] = overhead_s, between_s
 
         def replay_sim(profile, warmup_s: float = 0.0, keep_decisions: bool = False) -> dict:
             cfg = SimConfig(instances=instances, engine=sim_cfg, cost=profile, mixture=dict(MIXTURE),
                             ceiling=run.ceiling, context_limit_tokens=max_model_len, warmup_frac=0.0,
                             signals=SignalConfig(scrape_period_s=0.5, metrics_delay_s=0.1, kv_event_delay_s=0.05),
-                            horizon_s=minutes * 60, seed=seed, warmup_s=warmup_s, request_overhead_s=overhead_s)
+                            horizon_s=minutes * 60, seed=seed, warmup_s=warmup_s, request_overhead_s=overhead_s,
+                            continuation_delay_s=between_s)
             policy = run.sim_policy(share, missing_at)
             summary = Simulation(cfg, trace, policy).run().summary
             if keep_decisions:

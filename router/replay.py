@@ -288,8 +288,11 @@ def request_times(requests: list[RequestRecord], timeline: list[dict]) -> dict |
         ``{"overhead_s", "client_s", "engine_s", "hold_s", "requests"}`` (``hold_s``: held
         seconds over the engines' finished requests, 0.0 for other routers; ``requests``: the
         engines' count of finished requests) and, where the timeline has them, ``queue_s``,
-        ``prefill_s``, ``decode_s`` and ``api_s``; or None when the timeline has fewer than two
-        such samples or no request finished between them.
+        ``prefill_s``, ``decode_s`` and ``api_s``; ``between_s``: the client's mean time from
+        a response to the session's next request, less the tool gap (parsing the answer and
+        building the next prompt, a late wake-up), over the requests sent in the interval
+        that follow one of their session; or None when the timeline has fewer than two such
+        samples or no request finished between them.
     """
     samples = [t for t in timeline if "e2e_s" in t and "e2e_n" in t]
     if len(samples) < 2:
@@ -308,6 +311,12 @@ def request_times(requests: list[RequestRecord], timeline: list[dict]) -> dict |
     client_s = sum(client) / len(client)
     out = {"overhead_s": None if held else client_s - engine_s, "client_s": client_s, "engine_s": engine_s,
            "hold_s": (b["hold_s"] - a["hold_s"]) / n if held else 0.0, "requests": int(n)}
+    # the client's own time between a response and the session's next request, past the tool gap
+    done = {(r.session_id, r.turn): r for r in requests}
+    between = [r.arrival_s - p.finish_s - p.tool_gap_s for r in requests if a["t_s"] < r.arrival_s <= b["t_s"]
+               for p in [done.get((r.session_id, r.turn - 1))] if p is not None]
+    if between:
+        out["between_s"] = sum(between) / len(between)
     parts = ("queue_s", "prefill_s", "decode_s")
     if all(k in a and k in b for k in parts):
         out.update({k: per_request(k) for k in parts})

@@ -70,6 +70,8 @@ class SimRequest:
         computed: tokens with KV; output_done: tokens generated (both exact while the
             request is not decoding; a decoding request's are derived from its join point).
         hit_tokens: prefix-cache hit (tokens) at its first schedule.
+        admitted_s / start_s / first_token_s / finish_s: when the router admitted it to this
+            engine, the engine first scheduled it, its first token and its last (s).
     """
 
     request: Request
@@ -83,6 +85,7 @@ class SimRequest:
     holding: KVHolding = field(default_factory=KVHolding)
     instance: str = ""
     start_s: float = 0.0
+    admitted_s: float = 0.0
     first_token_s: float | None = None
     finish_s: float | None = None
     admit_seq: int = 0

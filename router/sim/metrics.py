@@ -48,8 +48,10 @@ class RequestLog:
         self.prompt_tokens: list[int] = []
         self.hit_tokens: list[int] = []
         self.output_tokens: list[int] = []
-        # per finished request: admitted to its engine -> first token, first token -> last (s)
-        self.first_token_s: list[float] = []
+        # per finished request (s): admitted to its engine -> first scheduled (vLLM's queue
+        # time), -> first token (its prefill time), -> last token (its decode time)
+        self.queue_s: list[float] = []
+        self.prefill_s: list[float] = []
         self.decode_s: list[float] = []
         self.agent_model_s = 0.0
         self.agent_gap_s = 0.0
@@ -69,7 +71,8 @@ class RequestLog:
         self.hit_tokens.append(sreq.hit_tokens)
         self.output_tokens.append(sreq.output_tokens)
         first = sreq.first_token_s if sreq.first_token_s is not None else now
-        self.first_token_s.append(first - sreq.start_s)
+        self.queue_s.append(sreq.start_s - sreq.admitted_s)
+        self.prefill_s.append(first - sreq.start_s)
         self.decode_s.append(now - first)
 
     def session_done(self, workload_class: str, model_s: float, gap_s: float, released_s: float,
@@ -294,10 +297,10 @@ def summarize(sim: SimRun, n_events: int) -> dict:
         "units_released": sum(sim.trainer.released.values()),
         "units_completed": sum(sim.trainer.completed.values()),
         "requests_finished": len(fin),
-        # per request over the whole run (bench.router_real sets them beside vLLM's own):
-        # admitted to an engine -> first token (vLLM's queue + prefill), first token -> last
-        "request_first_token_s": float(np.mean(sim.log.first_token_s)) if sim.log.first_token_s else 0.0,
-        "request_decode_s": float(np.mean(sim.log.decode_s)) if sim.log.decode_s else 0.0,
+        # per request over the whole run, as vLLM's request histograms split it
+        # (bench.router_real sets them beside the real ones): queue, prefill, decode
+        **{f"request_{k}_s": float(np.mean(v)) if v else 0.0
+           for k, v in (("queue", sim.log.queue_s), ("prefill", sim.log.prefill_s), ("decode", sim.log.decode_s))},
         "sim_end_s": sim.now,
         "events": n_events,
         "phases": phases,

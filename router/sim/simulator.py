@@ -142,6 +142,10 @@ class SimConfig:
             its tool gap. ``bench.router_real`` measures it on real runs
             (:func:`router.replay.request_times`); 0 in the paper-sized recipes, whose
             requests run for seconds on GPUs.
+        continuation_delay_s: seconds a session's client takes between a response and its
+            next request beyond the tool gap (parsing the answer, building the next prompt),
+            added to each later request's arrival; ``bench.router_real`` measures its replay
+            client's (``between_s`` of :func:`router.replay.request_times`); 0 by default.
         raise_policy_errors: an exception out of the policy stops the run (True, for tests
             and policy development), or is counted in ``summary["policy_errors"]`` and the
             run goes on as in the live router (False; :mod:`router.policy_errors`).
@@ -165,6 +169,7 @@ class SimConfig:
     seed: int = 0
     chars_per_token: float = 4.0
     request_overhead_s: float = 0.0
+    continuation_delay_s: float = 0.0
     raise_policy_errors: bool = True
 
 
@@ -463,7 +468,7 @@ class Simulation:
             raise SimError(f"policy {self.policy.name!r} admitted on unknown instance {decision.instance!r}")
         self._observe(RequestStarted(sreq.request, engine.instance, self.now))
         self._in_flight[engine.instance] += 1
-        sreq.start_s = self.now
+        sreq.start_s = sreq.admitted_s = self.now  # the engine moves start_s to its first schedule
         self.log.admitted(sreq, self.now)
         run = self._runs[sreq.request.session_id]
         if run.admitted_s is None:
@@ -523,7 +528,7 @@ class Simulation:
             gap = run.trace.requests[run.turn].tool_gap_s * run.gap_factor
             run.gap_s += gap
             run.turn += 1
-            self._push(self.now + gap + self.cfg.request_overhead_s, _ARRIVE, run)
+            self._push(self.now + gap + self.cfg.continuation_delay_s + self.cfg.request_overhead_s, _ARRIVE, run)
 
     # ------------------------------------------------------------------ signals
     def _publish_kv(self, engine: Engine) -> None:

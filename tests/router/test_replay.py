@@ -280,6 +280,10 @@ def test_request_times_split_client_time_into_outside_api_server_and_engine_core
     # the engine core's split: queue 0.05, prefill 0.1, decode 0.4, the API server the rest
     assert (got["queue_s"], got["prefill_s"], got["decode_s"]) == pytest.approx((0.05, 0.1, 0.4))
     assert got["api_s"] == pytest.approx(0.05)
+    assert "between_s" not in got  # no request followed one of its session
+    turns = [RequestRecord("t", "agent", "t", None, 0, 11.0, 12.0, 100, 10, 0.5, False, 0, 0),
+             RequestRecord("t", "agent", "t", None, 1, 12.75, 13.0, 120, 10, 0.0, True, 0, 0)]
+    assert request_times(requests + turns, timeline)["between_s"] == pytest.approx(0.25)
     # the vLLM Router has no hold counter
     for t in timeline:
         t.pop("hold_s", None)

@@ -401,7 +401,7 @@ def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
 
     runs, calibration, args, _ = _finished_run(tmp_path)
     runs[0]["request_times"] = {"overhead_s": 2.0, "client_s": 3.0, "engine_s": 1.0, "hold_s": 0.0, "requests": 40,
-                                "queue_s": 0.1, "prefill_s": 0.3, "decode_s": 0.5, "api_s": 0.1}
+                                "queue_s": 0.1, "prefill_s": 0.3, "decode_s": 0.5, "api_s": 0.1, "between_s": 0.5}
     runs[1]["request_times"] = {"overhead_s": 0.5, "client_s": 3.0, "engine_s": 1.0, "hold_s": 1.5, "requests": 40}
     runs[1]["timeline"] = [dict(t, hold_s=0.0) for t in runs[1]["timeline"]]
     (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
@@ -409,9 +409,12 @@ def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
     with_overhead, _, _ = resimulate(tmp_path)
     assert [r["sim_request_overhead_s"] for r in plain] == [0.0, 0.0]
     assert [r["sim_request_overhead_s"] for r in with_overhead] == [2.0, 0.0]
+    assert [r["sim_continuation_delay_s"] for r in with_overhead] == [0.5, 0.0]
     assert with_overhead[1]["request_times"]["overhead_s"] is None
     assert with_overhead[0]["sim"]["samples_per_min"] < plain[0]["sim"]["samples_per_min"]
-    assert with_overhead[0]["sim"]["request_first_token_s"] > 0 and with_overhead[0]["sim"]["request_decode_s"] > 0
+    sim = with_overhead[0]["sim"]
+    assert sim["request_queue_s"] >= 0 and sim["request_prefill_s"] > 0 and sim["request_decode_s"] > 0
     text = summarize_seeds([(0, with_overhead)], tmp_path, 0.5)
     table = text.split("### Where a request's time went")[1].split("###")[0]
-    assert "| vllm-router c=4 | 3.00 | 2.00 | 0.00 | 0.10 | 0.40 / " in table and table.count("| misa_t c=8 | 3.00 | n/a |") == 1
+    assert "| vllm-router c=4 | 3.00 | 0.50 | 2.00 | 0.00 | 0.10 | 0.10 / " in table and "| 2.00 + 0.50 |" in table
+    assert table.count("| misa_t c=8 | 3.00 | n/a | n/a |") == 1

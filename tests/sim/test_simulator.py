@@ -283,16 +283,18 @@ def test_the_summary_counts_the_engines_steps_of_its_window(mini_trace):
 
 def test_request_overhead_delays_each_request_before_the_router():
     """One two-turn session with a 1 s tool gap: 2 s outside the engines per request make the
-    run 4 s longer, and the policy sees the first request arrive at 2 s."""
+    run 4 s longer, and the policy sees the first request arrive at 2 s; a client that takes
+    0.5 s more between a response and the next request makes it 0.5 s longer again."""
     session = TraceSession("a0", "agent", "a0", None, [TraceRecord("a0", "agent", 0, 512, 64, tool_gap_s=1.0),
                                                      TraceRecord("a0", "agent", 1, 640, 64, session_end=True)])
     ends, arrivals = [], []
-    for overhead in (0.0, 2.0):
+    for overhead, between in ((0.0, 0.0), (2.0, 0.0), (2.0, 0.5)):
         cfg = SimConfig(instances=1, engine=EngineConfig(num_blocks=600, block_size=64),
                         cost=RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4), mixture={"agent": 1},
-                        ceiling=1, context_limit_tokens=LIMIT, request_overhead_s=overhead)
+                        ceiling=1, context_limit_tokens=LIMIT, request_overhead_s=overhead,
+                        continuation_delay_s=between)
         policy = OneSessionAtATime()
         ends.append(Simulation(cfg, [session], policy).run().summary["sim_end_s"])
         arrivals.append(policy.calls[0][0])
-    assert ends[1] - ends[0] == pytest.approx(4.0)
-    assert arrivals == [0.0, 2.0]
+    assert ends[1] - ends[0] == pytest.approx(4.0) and ends[2] - ends[1] == pytest.approx(0.5)
+    assert arrivals == [0.0, 2.0, 2.0]
