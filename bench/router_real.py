@@ -389,11 +389,6 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
 
 
-def _request_times(r: dict) -> dict | None:
-    """A run's :func:`router.replay.request_times` (saved as ``request_overhead`` on 2026-12-05)."""
-    return r.get("request_times") or r.get("request_overhead")
-
-
 def _mean_cell(values: list) -> str:
     """The mean of the values that are not None, 2 decimals; "n/a" when none is."""
     got = [v for v in values if v is not None]
@@ -407,10 +402,10 @@ def _request_times_section(per_seed: list[tuple[int, list[dict]]], order: list[s
     engines' latency counters)."""
     rows = []
     for label in order:
-        runs = [r for _, res in per_seed for r in res if r["label"] == label and _request_times(r)]
+        runs = [r for _, res in per_seed for r in res if r["label"] == label and r.get("request_times")]
         if not runs:
             continue
-        got = [_request_times(r) for r in runs]
+        got = [r["request_times"] for r in runs]
         sims = [r.get("sim_cpu") or r.get("sim") or {} for r in runs]
 
         def cell(key: str) -> str:
@@ -1045,7 +1040,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                                           disable=not sys.stderr.isatty()), runs)):
         share = missing_tokens_share(r.get("router_decisions"))
         missing_at = r.get("missing_tokens_s")  # measured times; runs saved before: the share
-        times = (_request_times(r) or {}) if request_overhead else {}
+        times = (r.get("request_times") or {}) if request_overhead else {}
         overhead_s = max(0.0, times.get("overhead_s") or 0.0)
         between_s = max(0.0, times.get("between_s") or 0.0)
         r["sim_request_overhead_s"], r["sim_continuation_delay_s"] = overhead_s, between_s
@@ -1183,11 +1178,7 @@ def resimulate(run_dir: Path, request_overhead: bool = True) -> tuple[list[dict]
                       params=dict(r.get("params", REPLAY_PARAMS.get(r["policy"], {}) if r["impl"] == "ours" else {})))
             for r in results]
     ecfg = OmegaConf.load(RECIPES / "engine" / "cpu.yaml")  # the engines run() started
-    for r in results:
-        times = _request_times(r)
-        if times and any("hold_s" in t for t in r.get("timeline") or []):
-            times["overhead_s"] = None  # saved before request_times left it out behind our router
-        # runs saved before the regime figures existed get them from their timeline
+    for r in results:  # runs saved before the regime figures existed get them from their timeline
         if "regime" not in r:
             r["regime"] = regime(r.get("timeline") or [], int(ecfg.num_engines),
                                  tuple(r["real"].get("window_s") or (0.0, math.inf)))

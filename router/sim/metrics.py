@@ -48,11 +48,9 @@ class RequestLog:
         self.prompt_tokens: list[int] = []
         self.hit_tokens: list[int] = []
         self.output_tokens: list[int] = []
-        # per finished request (s): admitted to its engine -> first scheduled (vLLM's queue
-        # time), -> first token (its prefill time), -> last token (its decode time)
-        self.queue_s: list[float] = []
-        self.prefill_s: list[float] = []
-        self.decode_s: list[float] = []
+        # summed over finished requests (s): admitted to its engine -> first scheduled (vLLM's
+        # queue time), -> first token (its prefill time), -> last token (its decode time)
+        self.time_split_s = {"queue": 0.0, "prefill": 0.0, "decode": 0.0}
         self.agent_model_s = 0.0
         self.agent_gap_s = 0.0
         self.admits = 0
@@ -71,9 +69,10 @@ class RequestLog:
         self.hit_tokens.append(sreq.hit_tokens)
         self.output_tokens.append(sreq.output_tokens)
         first = sreq.first_token_s if sreq.first_token_s is not None else now
-        self.queue_s.append(sreq.start_s - sreq.admitted_s)
-        self.prefill_s.append(first - sreq.start_s)
-        self.decode_s.append(now - first)
+        split = self.time_split_s
+        split["queue"] += sreq.start_s - sreq.admitted_s
+        split["prefill"] += first - sreq.start_s
+        split["decode"] += now - first
 
     def session_done(self, workload_class: str, model_s: float, gap_s: float, released_s: float,
                      admitted_s: float, ended_s: float, final_blocks: int) -> None:
@@ -299,8 +298,7 @@ def summarize(sim: SimRun, n_events: int) -> dict:
         "requests_finished": len(fin),
         # per request over the whole run, as vLLM's request histograms split it
         # (bench.router_real sets them beside the real ones): queue, prefill, decode
-        **{f"request_{k}_s": float(np.mean(v)) if v else 0.0
-           for k, v in (("queue", sim.log.queue_s), ("prefill", sim.log.prefill_s), ("decode", sim.log.decode_s))},
+        **{f"request_{k}_s": v / len(fin) if len(fin) else 0.0 for k, v in sim.log.time_split_s.items()},
         "sim_end_s": sim.now,
         "events": n_events,
         "phases": phases,
