@@ -72,7 +72,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from common.config import REPO_ROOT, usage_error, CommandParser
-from common.cpu_time import CpuMeter, engine_job_role
+from common.cpu_time import CpuMeter, engine_job_role_by_engine, split_engine_roles
 from rollout.engines import EngineError, EnginePool
 from rollout.model import prepare_model
 from common.process import ProcessStartError
@@ -389,10 +389,10 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
 
 
-def _mean_cell(values: list) -> str:
-    """The mean of the values that are not None, 2 decimals; "n/a" when none is."""
-    got = [v for v in values if v is not None]
-    return f"{statistics.fmean(got):.2f}" if got else "n/a"
+def _mean_cell(values: list, fmt: str = ".2f") -> str:
+    """The mean of the values that are neither None nor NaN, as ``fmt``; "n/a" when none is."""
+    got = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return f"{statistics.fmean(got):{fmt}}" if got else "n/a"
 
 
 def _request_times_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
@@ -473,6 +473,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
     lines.append("")
     lines += _steps_section(per_seed, order)
+    lines += _engines_section(per_seed, order)
     twice = "samples_after_runs" in _saved_calibration(out)
     lines += _cpu_section(per_seed, order, _calibration_cpu(out),
                           "mean of before and after the runs" if twice else "before the runs")
@@ -498,6 +499,74 @@ def real_step_figures(timeline: list[dict], window: tuple[float, float]) -> dict
     dt = b["t_s"] - a["t_s"]
     delta = {k: sum(y - x for x, y in zip(a[k], b[k])) for k in ("steps", "computed_prompt", "generated")}
     return step_figures(delta["steps"], dt, dt * len(a["steps"]), delta["computed_prompt"], delta["generated"])
+
+
+def real_engine_figures(timeline: list[dict], window: tuple[float, float]) -> list[dict] | None:
+    """Per engine, in the engines' order: :func:`router.sim.metrics.step_figures` of that engine
+    over ``window`` (its wall time as its time in steps), ``requests`` finished (vLLM's
+    e2e_request_latency count) and, where the timeline has the engine core's sums, their mean
+    ``request_queue_s``, ``request_prefill_s``, ``request_decode_s``; the shape of the
+    simulator's ``engines`` (:func:`router.sim.metrics.engine_figures`). None: fewer than two
+    samples in ``window`` with step counters."""
+    pts = [p for p in timeline if window[0] <= p["t_s"] <= window[1] and p.get("steps")]
+    if len(pts) < 2:
+        return None
+    a, b = pts[0], pts[-1]
+    dt = b["t_s"] - a["t_s"]
+    out = []
+    for i in range(len(a["steps"])):
+        def delta(key: str) -> float:
+            return (b[key][i] - a[key][i]) if len(a.get(key) or ()) > i and len(b.get(key) or ()) > i else math.nan
+        n = delta("e2e_n")
+        row = {**step_figures(delta("steps"), dt, dt, delta("computed_prompt"), delta("generated")),
+               "requests": n}
+        for k in ("queue", "prefill", "decode"):
+            row[f"request_{k}_s"] = delta(f"{k}_s") / n if n and n > 0 else math.nan
+        out.append(row)
+    return out
+
+
+def _engines_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
+    """Markdown: each engine of each run, real beside the simulator's replay (CPU-scaled profile
+    where the run has one, else the calibration's), the engine that computed more prompt tokens
+    first in both (the simulator's engines are not the real ones by index: a placement decides
+    which engine gets which sessions), means over seeds; ``[]`` when no run has both."""
+    cols = (("requests", "requests", ".0f"), ("steps_per_s", "steps/s", ".1f"), ("ms_per_step", "ms per step", ".0f"),
+            ("prefill_tokens_per_step", "prefill tokens per step", ".1f"),
+            ("decode_seqs_per_step", "decoding sequences per step", ".1f"),
+            ("request_s", "request s (queue + prefill + decode)", ".2f"))
+
+    def ranked(engines: list[dict]) -> list[dict]:
+        rows = [dict(e, request_s=sum(e.get(f"request_{k}_s", math.nan) for k in ("queue", "prefill", "decode")))
+                for e in engines]
+        return sorted(rows, key=lambda e: -(e["prefill_tokens_per_step"] * e["steps_per_s"]))
+
+    lines = []
+    for label in order:
+        pairs = []
+        for _, results in per_seed:
+            for r in results:
+                real = real_engine_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
+                sim = (r.get("sim_cpu") or r.get("sim") or {}).get("engines")
+                if r["label"] == label and real and sim and len(real) == len(sim):
+                    worker = [(e or {}).get("engine_worker") for e in (r.get("cpu_cores_by_engine") or [None] * len(real))]
+                    pairs.append(list(zip(ranked([dict(e, worker=w) for e, w in zip(real, worker)]), ranked(sim))))
+        if not pairs:
+            continue
+        for j in range(len(pairs[0])):
+            name = "more prefill" if j == 0 else "less prefill" if j == len(pairs[0]) - 1 else f"engine {j + 1}"
+            cells = [f"{_mean_cell([p[j][0].get(k) for p in pairs], fmt)} / {_mean_cell([p[j][1].get(k) for p in pairs], fmt)}"
+                     for k, _, fmt in cols]
+            lines.append(f"| {label} | {name} | " + " | ".join(cells)
+                         + f" | {_mean_cell([p[j][0].get('worker') for p in pairs], '.2f')} |")
+    if not lines:
+        return []
+    return ["### Per engine, real / simulated (whole run, means over seeds; CPU-scaled profile where the run has one)",
+            "", "The engine that computed more prompt tokens first, in the run and in its replay alike. A real step's "
+            "ms is wall time per step (an upper bound where the engine idled). The last column is the CPU its model "
+            "worker had during the run (runs recorded before it was measured per engine: n/a).", "",
+            "| Router | engine | " + " | ".join(f"{name} real / sim" for _, name, _ in cols) + " | worker cores |",
+            "|---|---|" + "---|" * len(cols) + "---|", *lines, ""]
 
 
 def _steps_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> list[str]:
@@ -910,12 +979,12 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                         bar.set_postfix(units=done, refresh=False)
                         bar.refresh()
 
-                    meter = CpuMeter(os.getpid(), engine_job_role)
+                    meter = CpuMeter(os.getpid(), engine_job_role_by_engine)
                     res = replay(router.url, served, traces[seed], MIXTURE, run.ceiling, args.minutes * 60, text,
                                  urls, progress=progress, router_state=run.impl == "ours",
                                  warmup_s=args.warmup_minutes * 60,
                                  router_metrics_url=router.metrics_url if run.impl == "vllm" else None)
-                    cpu_cores = meter.cores()  # before the router stops
+                    cpu_cores, cpu_by_engine = engine_cpu(meter.cores(), urls)  # before the router stops
                     if run.impl == "vllm" and res.router_decisions is None:
                         print(f"seed {seed} {run.label}: its /metrics never answered; "
                               "the simulator assumes every prompt was tokenized", file=sys.stderr)
@@ -931,7 +1000,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                 results.append({"label": run.label, "impl": run.impl, "policy": run.policy, "ceiling": run.ceiling,
                                 "sweep": run.sweep, "params": run.params, "real": res.summary, "real_after_warmup": res.after_warmup,
                                 "router_decisions": res.router_decisions, "missing_tokens_s": res.missing_tokens_s,
-                                "errors": res.errors, "cpu_cores": cpu_cores,
+                                "errors": res.errors, "cpu_cores": cpu_cores, "cpu_cores_by_engine": cpu_by_engine,
                                 "request_times": request_times(res.requests, res.timeline),
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
@@ -957,19 +1026,31 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
 def _calibrate(urls: list[str], served: str, text, args: argparse.Namespace, info: dict,
                max_num_seqs: int) -> dict:
     """One calibration of the engines (:func:`router.sim.calibrate.measure_step_samples`):
-    ``{"samples": [StepSample dicts], "cpu_cores": the job's CPU by role meanwhile}``.
+    ``{"samples": [StepSample dicts], "cpu_cores": the job's CPU by role meanwhile,
+    "cpu_cores_by_engine": each engine's (:func:`engine_cpu`)}``.
 
     Raises:
         EngineError: an engine failed or stopped while it was timed.
     """
-    meter = CpuMeter(os.getpid(), engine_job_role)
+    meter = CpuMeter(os.getpid(), engine_job_role_by_engine)
     try:
         samples = measure_step_samples(urls, served, text, prompt_tokens=min(1024, args.max_num_batched_tokens),
                                        kv_blocks=info["num_blocks"], block_size=info["block_size"],
                                        max_num_seqs=max_num_seqs)
     except RuntimeError as e:
         raise EngineError(str(e)) from None
-    return {"samples": [dataclasses.asdict(s) for s in samples], "cpu_cores": meter.cores()}
+    by_role, by_engine = engine_cpu(meter.cores(), urls)
+    return {"samples": [dataclasses.asdict(s) for s in samples], "cpu_cores": by_role, "cpu_cores_by_engine": by_engine}
+
+
+def engine_cpu(cores: dict[str, float], urls: list[str]) -> tuple[dict[str, float], list[dict[str, float]] | None]:
+    """A :class:`common.cpu_time.CpuMeter` reading by :func:`common.cpu_time.engine_job_role_by_engine`
+    as ``(cores by role summed over engines, [cores by role of each engine, in urls' order])``;
+    the second is None unless every engine's processes were found (by the port of its URL)."""
+    by_role, by_engine = split_engine_roles(cores)
+    ports = [int(u.rstrip("/").rsplit(":", 1)[1]) for u in urls]
+    per = [by_engine.get(port) for port in ports]
+    return by_role, per if all(per) else None
 
 
 def pooled_calibration(before: dict, after: dict | None, engines: dict) -> dict:
@@ -988,6 +1069,7 @@ def pooled_calibration(before: dict, after: dict | None, engines: dict) -> dict:
     """
     if after is None:
         return {"samples": before["samples"], "engines": engines, "cpu_cores": before["cpu_cores"],
+                "cpu_cores_by_engine": before.get("cpu_cores_by_engine"),
                 "profile": dataclasses.asdict(fit_linear_step_cost([StepSample.from_saved(d) for d in before["samples"]]))}
     pooled = before["samples"] + after["samples"]
     roles = set(before.get("cpu_cores") or {}) | set(after.get("cpu_cores") or {})
@@ -995,8 +1077,12 @@ def pooled_calibration(before: dict, after: dict | None, engines: dict) -> dict:
              for r in sorted(roles)}
     drift = [a["step_time_s"] / b["step_time_s"] for b, a in zip(before["samples"], after["samples"])
              if b["step_time_s"] > 0 and (b["prefill_tokens"], b["decode_seqs"]) == (a["prefill_tokens"], a["decode_seqs"])]
+    by_engine = None
+    if before.get("cpu_cores_by_engine") and after.get("cpu_cores_by_engine"):
+        by_engine = [{r: 0.5 * (b.get(r, 0.0) + a.get(r, 0.0)) for r in sorted(set(b) | set(a))}
+                     for b, a in zip(before["cpu_cores_by_engine"], after["cpu_cores_by_engine"])]
     return {"samples": pooled, "samples_before_runs": before["samples"], "samples_after_runs": after["samples"],
-            "engines": engines, "cpu_cores": cores, "drift": drift,
+            "engines": engines, "cpu_cores": cores, "cpu_cores_by_engine": by_engine, "drift": drift,
             "profile": dataclasses.asdict(fit_linear_step_cost([StepSample.from_saved(d) for d in pooled]))}
 
 

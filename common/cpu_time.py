@@ -89,3 +89,56 @@ def engine_job_role(p: psutil.Process) -> str:
     if p.pid == os.getpid():
         return "job"
     return "other"
+
+
+ENGINE_ROLES = ("engine_worker", "engine_core", "api_server")
+"""The roles of :func:`engine_job_role` that belong to one engine."""
+
+
+def engine_port(p: psutil.Process) -> int | None:
+    """The port of the engine a process belongs to: the ``--port`` of the nearest process, itself
+    or an ancestor, that :func:`engine_job_role` calls ``api_server`` (vLLM's OpenAI server starts
+    the engine core, which starts the worker); None for anything else or a process that is gone."""
+    try:
+        chain = [p, *p.parents()]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    for q in chain:
+        if engine_job_role(q) != "api_server":
+            continue
+        try:
+            argv = q.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return None
+        for i, a in enumerate(argv):
+            value = argv[i + 1] if a == "--port" and i + 1 < len(argv) else a[len("--port="):] if a.startswith("--port=") else None
+            if value is not None and value.isdigit():
+                return int(value)
+        return None
+    return None
+
+
+def engine_job_role_by_engine(p: psutil.Process) -> str:
+    """:func:`engine_job_role`, with ``@<port>`` (:func:`engine_port`) after an engine's roles
+    (``engine_worker@8001``): a :class:`CpuMeter` with it tells each engine's CPU apart
+    (:func:`split_engine_roles`)."""
+    role = engine_job_role(p)
+    if role in ENGINE_ROLES:
+        port = engine_port(p)
+        if port is not None:
+            return f"{role}@{port}"
+    return role
+
+
+def split_engine_roles(cores: dict[str, float]) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """``(by role, by engine)`` of a :class:`CpuMeter` reading made with
+    :func:`engine_job_role_by_engine`: the cores per role summed over engines (what
+    :func:`engine_job_role` would have given), and ``{port: {role: cores}}`` per engine."""
+    by_role: dict[str, float] = {}
+    by_engine: dict[int, dict[str, float]] = {}
+    for key, v in cores.items():
+        role, _, port = key.partition("@")
+        by_role[role] = round(by_role.get(role, 0.0) + v, 4)
+        if port.isdigit():
+            by_engine.setdefault(int(port), {})[role] = v
+    return by_role, by_engine

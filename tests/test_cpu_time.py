@@ -8,7 +8,8 @@ import sys
 
 import psutil
 
-from common.cpu_time import CpuMeter, cpu_seconds, engine_job_role
+from common.cpu_time import (CpuMeter, cpu_seconds, engine_job_role, engine_job_role_by_engine,
+                             split_engine_roles)
 
 # A child that uses 0.3 s of CPU (its own CPU clock, so a loaded machine only makes it
 # take longer), then waits for a line on stdin.
@@ -38,8 +39,11 @@ def test_a_child_s_cpu_is_counted_under_its_role():
 
 
 class _Fake:
-    def __init__(self, name: str, argv: list[str], pid: int = 1) -> None:
-        self._name, self._argv, self.pid = name, argv, pid
+    def __init__(self, name: str, argv: list[str], pid: int = 1, parents: list | None = None) -> None:
+        self._name, self._argv, self.pid, self._parents = name, argv, pid, parents or []
+
+    def parents(self) -> list:
+        return self._parents
 
     def name(self) -> str:
         return self._name
@@ -69,3 +73,25 @@ def test_roles_of_an_engine_job():
     assert engine_job_role(_Fake("vllm::router", ["vllm::router"])) == "router"  # how it renames itself
     assert engine_job_role(_Fake("vllm", ["/usr/bin/vllm", "serve", "m"])) == "api_server"
     assert engine_job_role(_Gone("x", [])) == "other"
+
+
+def test_each_engine_s_processes_are_told_apart_by_its_server_port():
+    py = "/venv/bin/python"
+    launcher = _Fake("python", [py, "-m", "bench.router_real"])
+    server_a = _Fake("python", [py, "-m", "vllm.entrypoints.openai.api_server", "--port", "8001"], parents=[launcher])
+    server_b = _Fake("python", [py, "-m", "vllm.entrypoints.openai.api_server", "--port=8002"], parents=[launcher])
+    core_a = _Fake("VLLM::EngineCor", ["VLLM::EngineCore"], parents=[server_a, launcher])
+    worker_a = _Fake("VLLM::Worker", ["VLLM::Worker"], parents=[core_a, server_a, launcher])
+    worker_b = _Fake("VLLM::Worker", ["VLLM::Worker"], parents=[server_b, launcher])
+    orphan = _Fake("VLLM::Worker", ["VLLM::Worker"], parents=[launcher])  # no server above it: no port
+    assert engine_job_role_by_engine(worker_a) == "engine_worker@8001"
+    assert engine_job_role_by_engine(core_a) == "engine_core@8001"
+    assert engine_job_role_by_engine(server_a) == "api_server@8001"
+    assert engine_job_role_by_engine(worker_b) == "engine_worker@8002"
+    assert engine_job_role_by_engine(orphan) == "engine_worker"
+    assert engine_job_role_by_engine(_Fake("python", [py, "-m", "router"])) == "router"
+    by_role, by_engine = split_engine_roles(
+        {"engine_worker@8001": 0.6, "engine_worker@8002": 0.9, "engine_core@8001": 0.2, "engine_worker": 0.1,
+         "router": 0.05})
+    assert by_role == {"engine_worker": 1.6, "engine_core": 0.2, "router": 0.05}
+    assert by_engine == {8001: {"engine_worker": 0.6, "engine_core": 0.2}, 8002: {"engine_worker": 0.9}}

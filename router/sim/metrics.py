@@ -51,6 +51,8 @@ class RequestLog:
         # summed over finished requests (s): admitted to its engine -> first scheduled (vLLM's
         # queue time), -> first token (its prefill time), -> last token (its decode time)
         self.time_split_s = {"queue": 0.0, "prefill": 0.0, "decode": 0.0}
+        # the same sums per engine (instance -> {"requests", "queue", "prefill", "decode"})
+        self.instance_split_s: dict[str, dict[str, float]] = {}
         self.agent_model_s = 0.0
         self.agent_gap_s = 0.0
         self.admits = 0
@@ -69,10 +71,17 @@ class RequestLog:
         self.hit_tokens.append(sreq.hit_tokens)
         self.output_tokens.append(sreq.output_tokens)
         first = sreq.first_token_s if sreq.first_token_s is not None else now
+        queue, prefill, decode = sreq.start_s - sreq.admitted_s, first - sreq.start_s, now - first
         split = self.time_split_s
-        split["queue"] += sreq.start_s - sreq.admitted_s
-        split["prefill"] += first - sreq.start_s
-        split["decode"] += now - first
+        split["queue"] += queue
+        split["prefill"] += prefill
+        split["decode"] += decode
+        own = self.instance_split_s.setdefault(
+            sreq.instance, {"requests": 0, "queue": 0.0, "prefill": 0.0, "decode": 0.0})
+        own["requests"] += 1
+        own["queue"] += queue
+        own["prefill"] += prefill
+        own["decode"] += decode
 
     def session_done(self, workload_class: str, model_s: float, gap_s: float, released_s: float,
                      admitted_s: float, ended_s: float, final_blocks: int) -> None:
@@ -238,6 +247,26 @@ def step_figures(steps: float, window_s: float, step_s: float, prefill_tokens: f
             "decode_seqs_per_step": generated / steps if steps else 0.0}
 
 
+def engine_figures(sim: SimRun, c0: Sequence[tuple], c1: Sequence[tuple], window_s: float) -> list[dict]:
+    """Per engine, in ``sim.engines``' order: its steps over the window as :func:`step_figures`
+    gives them for one engine, ``busy_frac`` (share of the window in steps), and over the
+    whole run its finished ``requests`` with their mean ``request_queue_s``,
+    ``request_prefill_s`` and ``request_decode_s`` (as vLLM's request histograms split a
+    request; ``bench.router_real`` sets each engine beside the real one it plays)."""
+    out = []
+    for e, a, b in zip(sim.engines, c0, c1):
+        own = sim.log.instance_split_s.get(e.instance, {})
+        n = int(own.get("requests", 0))
+        out.append({
+            "instance": e.instance,
+            **step_figures(b[5] - a[5], window_s, b[3] - a[3], b[6] - a[6], b[2] - a[2]),
+            "busy_frac": (b[3] - a[3]) / window_s if window_s > 0 else 0.0,
+            "requests": n,
+            **{f"request_{k}_s": own.get(k, 0.0) / n if n else 0.0 for k in ("queue", "prefill", "decode")},
+        })
+    return out
+
+
 def summarize(sim: SimRun, n_events: int) -> dict:
     """The run's metrics over its window [start, stop] (see module docstring)."""
     w, wc = sim._window, sim._window_counters
@@ -291,6 +320,7 @@ def summarize(sim: SimRun, n_events: int) -> dict:
         "decode_tokens_per_sample": comp["total"]["decode_tokens_per_sample"],
         "engine_busy_frac": dbusy / (dur_s * len(sim.engines)),
         "engine_steps": step_figures(dsteps, dur_s, dbusy, dprefill, dgen),
+        "engines": engine_figures(sim, c0, c1, dur_s),
         "preemptions": int(dpre),
         "agent_tool_gap_share": gap / (gap + model) if gap + model else 0.0,
         "units_released": sum(sim.trainer.released.values()),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -416,3 +417,49 @@ def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
     table = text.split("### Where a request's time went")[1].split("###")[0]
     assert "| vllm-router c=4 | 3.00 | 0.50 | 2.00 | 0.00 | 0.10 | 0.10 / " in table and "| 2.00 + 0.50 |" in table
     assert table.count("| misa_t c=8 | 3.00 | n/a | n/a |") == 1
+
+
+def test_each_engine_real_beside_simulated_the_engine_with_more_prefill_first(tmp_path):
+    """Per engine: the real one's steps, requests and request split from its counters; the
+    simulator's per engine sum to its totals; the table pairs the engines by the prompt tokens
+    they computed, not by index; each engine's CPU is read by the port of its URL."""
+    from bench.router_real import engine_cpu, real_engine_figures, resimulate, summarize_seeds
+
+    def point(t, steps, prompt, gen, n, split):
+        return {"t_s": t, "steps": steps, "computed_prompt": prompt, "generated": gen, "e2e_n": n,
+                "queue_s": [split[0]] * 2, "prefill_s": [split[1]] * 2, "decode_s": [split[2]] * 2}
+
+    timeline = [point(0.0, [0, 0], [0, 0], [0, 0], [0, 0], (0, 0, 0)),
+                point(10.0, [400, 50], [400, 5000], [1200, 300], [4, 20], (1.0, 4.0, 10.0))]
+    light, heavy = real_engine_figures(timeline, (0.0, 30.0))
+    assert light["steps_per_s"] == pytest.approx(40.0) and light["ms_per_step"] == pytest.approx(25.0)
+    assert heavy["prefill_tokens_per_step"] == pytest.approx(100.0) and heavy["decode_seqs_per_step"] == pytest.approx(6.0)
+    assert heavy["requests"] == 20 and heavy["request_decode_s"] == pytest.approx(0.5)
+    assert light["request_queue_s"] == pytest.approx(0.25) and light["request_prefill_s"] == pytest.approx(1.0)
+    assert real_engine_figures(timeline[:1], (0.0, 30.0)) is None
+    # counters of an older run without the engine core's sums: n/a, not an error
+    old = [{k: v for k, v in p.items() if not k.endswith("_s") or k == "t_s"} for p in timeline]
+    assert math.isnan(real_engine_figures(old, (0.0, 30.0))[1]["request_queue_s"])
+
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002/"]
+    cores = {"engine_worker@8002": 0.6, "engine_worker@8001": 0.9, "engine_core@8002": 0.3, "router": 0.1}
+    assert engine_cpu(cores, urls) == ({"engine_worker": 1.5, "engine_core": 0.3, "router": 0.1},
+                                       [{"engine_worker": 0.9}, {"engine_worker": 0.6, "engine_core": 0.3}])
+    assert engine_cpu({"engine_worker@8001": 0.9}, urls)[1] is None  # one engine not found: none
+
+    runs, calibration, args, _ = _finished_run(tmp_path)
+    base = runs[0]["timeline"]
+    runs[0]["timeline"] = [dict(base[i], **{k: v[::-1] for k, v in p.items() if k != "t_s"}, t_s=p["t_s"])
+                           for i, p in zip((0, -1), timeline)]
+    runs[0]["real"]["window_s"] = [0.0, 30.0]
+    runs[0]["cpu_cores_by_engine"] = [{"engine_worker": 0.6}, {"engine_worker": 0.9}]
+    (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
+    results, _, _ = resimulate(tmp_path)
+    sim = results[0]["sim"]
+    assert len(sim["engines"]) == 2 and sum(e["requests"] for e in sim["engines"]) == sim["requests_finished"]
+    assert sum(e["steps_per_s"] for e in sim["engines"]) == pytest.approx(sim["engine_steps"]["steps_per_s"])
+    table = summarize_seeds([(0, results)], tmp_path, 0.5).split("### Per engine")[1].split("###")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| vllm-router c=4 |")]
+    # the real engine 0 (reversed above) is the one with more prefill: it comes first, with its worker's 0.6 cores
+    assert rows[0].startswith("| vllm-router c=4 | more prefill | 20 / ") and rows[0].endswith("| 0.60 |")
+    assert rows[1].startswith("| vllm-router c=4 | less prefill | 4 / ") and rows[1].endswith("| 0.90 |")
