@@ -72,9 +72,14 @@ MIXED_BATCH_DECODE_FACTOR = 4
 
 #: (concurrent sequences, prompt tokens) of the decode measurements: the batch sizes and
 #: contexts a loaded engine runs (the CPU benchmark's engines hold 8,192 KV tokens and run
-#: 10-48 sequences of 100-600 tokens; with its 64 blocks of 128 every shape here fits).
+#: 10-48 sequences of 100-600 tokens, and at light load a few agent sequences of 1,000-2,000;
+#: with its 64 blocks of 128 every shape here fits). The last two reach the contexts the
+#: engines run full (6,000-8,000 tokens): before them the shapes stopped at ~4,800, and the
+#: live runs' decode-only intervals at 6,000-9,000 context tokens took 1.40x the fitted
+#: profile's step (70 intervals of 6 runs; 1.04x under 2,000), while the steps of the engine
+#: that took the agents' turns at light load ran 17-24% longer than the simulator's.
 DECODE_SHAPES: tuple[tuple[int, int], ...] = ((1, 64), (8, 64), (16, 64), (32, 64), (48, 64), (8, 512),
-                                              (16, 300), (24, 200))
+                                              (16, 300), (24, 200), (4, 1536), (18, 320))
 
 
 async def _timed_completion(http: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> float:
@@ -299,7 +304,7 @@ def measure_step_samples(engine_urls: Sequence[str], model: str, text, prompt_to
 
 
 def step_samples_from_timeline(timeline: Sequence[dict], num_blocks: int, block_size: int,
-                               min_steps: int = 20) -> list[StepSample]:
+                               min_steps: int = 3) -> list[StepSample]:
     """The mean engine step of each busy interval of a live run (step costs *in situ*: with
     whatever else shared the machine during the run, which :func:`measure_step_samples`,
     timing shapes on idle engines, does not see).
@@ -311,7 +316,13 @@ def step_samples_from_timeline(timeline: Sequence[dict], num_blocks: int, block_
             ``prompt`` tokens (hits included) and ``prefills``. Samples without ``steps``
             (runs recorded before they were scraped) give nothing.
         num_blocks, block_size: the engines' KV cache (context = KV usage x blocks x size).
-        min_steps: shortest interval kept, in engine steps (fewer: too coarse a mean).
+        min_steps: shortest interval kept, in engine steps (fewer: too coarse a mean). Low
+            on purpose: a threshold of steps per interval is one of step time (20 steps in
+            the 5-s intervals of ``bench.router_real`` left out every step over 250 ms, i.e.
+            the engine that took the agents' prefills at light load, whose steps ran
+            230-300 ms, and most steps at c=96: the in-situ profile was fitted to the fast
+            steps and read 20-32% fast at c=16 and c=32 over 6 seeds, 6-17% with 3). The
+            engines' longest steps are about 1 s; 3 steps keeps steps up to 1.7 s.
 
     Returns:
         One :class:`StepSample` per engine and pair of consecutive samples between which

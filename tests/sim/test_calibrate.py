@@ -43,20 +43,24 @@ class _Words:
 def test_live_run_intervals_become_mean_steps():
     # engine 0, 0-5 s: 100 steps, 2,000 computed prompt tokens, 400 generated, KV 0.25 -> 0.75
     # of 64 x 128 tokens; engine 1 had nothing running at 0 s (it may have idled): left out;
-    # 5-10 s: engine 0 took 10 steps (< min_steps 20): left out, engine 1 60 steps.
+    # 5-10 s: engine 0 took 2 steps (< min_steps 3): left out, engine 1 60 steps; 10-15 s: engine 0
+    # took 4 steps of 1.25 s (slow steps are kept: the threshold must not select fast ones).
     timeline = [
         {"t_s": 0.0, "running": [2, 0], "kv_usage": [0.25, 0.0], "steps": [100, 50], "computed_prompt": [1000, 0],
          "generated": [500, 0]},
         {"t_s": 5.0, "running": [4, 3], "kv_usage": [0.75, 0.5], "steps": [200, 60], "computed_prompt": [3000, 0],
          "generated": [900, 40]},
-        {"t_s": 10.0, "running": [1, 2], "kv_usage": [0.5, 0.5], "steps": [210, 120], "computed_prompt": [3100, 600],
+        {"t_s": 10.0, "running": [1, 2], "kv_usage": [0.5, 0.5], "steps": [202, 120], "computed_prompt": [3100, 600],
          "generated": [910, 160]},
-        {"t_s": 15.0, "running": [1, 2], "kv_usage": [0.5, 0.5]},  # recorded before steps were scraped: skipped
+        {"t_s": 15.0, "running": [3, 0], "kv_usage": [0.5, 0.5], "steps": [206, 125], "computed_prompt": [3900, 600],
+         "generated": [950, 170]},
+        {"t_s": 20.0, "running": [1, 2], "kv_usage": [0.5, 0.5]},  # recorded before steps were scraped: skipped
     ]
     samples = step_samples_from_timeline(timeline, num_blocks=64, block_size=128)
     assert [(s.prefill_tokens, s.decode_seqs, s.context_tokens) for s in samples] == [
-        (20.0, 4.0, 4096.0), (10.0, 2.0, 4096.0)]
+        (20.0, 4.0, 4096.0), (10.0, 2.0, 4096.0), (200.0, 10.0, 4096.0)]
     assert samples[0].step_time_s == pytest.approx(0.05) and samples[1].step_time_s == pytest.approx(5 / 60)
+    assert samples[2].step_time_s == pytest.approx(1.25)
 
 
 def test_a_profile_is_recovered_from_live_run_intervals():
