@@ -539,7 +539,7 @@ def _engines_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -
     def ranked(engines: list[dict]) -> list[dict]:
         rows = [dict(e, request_s=sum(e.get(f"request_{k}_s", math.nan) for k in ("queue", "prefill", "decode")))
                 for e in engines]
-        return sorted(rows, key=lambda e: -(e["prefill_tokens_per_step"] * e["steps_per_s"]))
+        return [rows[i] for i in _prefill_order(rows)]
 
     lines = []
     for label in order:
@@ -1111,8 +1111,13 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
       core and use it whenever nothing else of the job does (1.86 of the 2 cores during a
       calibration), so their CPU is the share of the machine left to the model; the engine
       schedulers, API servers, router and client took 2-3 times as much of it during a run as
-      during the calibration. A measured input of the run, not its throughput. Left out for
-      runs or calibrations recorded without ``cpu_cores``.
+      during the calibration. A measured input of the run, not its throughput. Where both the
+      run and the calibration measured each engine's worker (``cpu_cores_by_engine``), each
+      simulated engine gets its own factor instead: that of the real engine of the same rank
+      by computed prompt tokens (:func:`engine_cpu_factors`; the simulator's ranks from a
+      first replay with the pooled factor; ``r["cpu_profile"]["engine_factors"]``, in the
+      simulator's engine order). Left out for runs or calibrations recorded without
+      ``cpu_cores``.
     """
     cost = fit_linear_step_cost([StepSample.from_saved(s) for s in calibration["samples"]])
     calibration["profile"] = dataclasses.asdict(cost)
@@ -1161,7 +1166,42 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
             scaled = cost.scaled(factor)
             r["cpu_profile"] = {"factor": factor, **dataclasses.asdict(scaled)}
             r["sim_cpu"] = replay_sim(scaled)
+            by_rank = engine_cpu_factors(calibration, r)
+            if by_rank and len(by_rank) == instances:
+                # each simulated engine gets the factor of the real engine of its rank by computed prompt
+                sim_rank = _prefill_order(r["sim_cpu"]["engines"])
+                factors = [1.0] * instances
+                for rank, i in enumerate(sim_rank):
+                    factors[i] = by_rank[rank]
+                r["cpu_profile"]["engine_factors"] = factors
+                scaled = [cost.scaled(f) for f in factors]
+                r["sim_cpu"] = replay_sim(scaled)
             r["sim_cpu_after_warmup"] = replay_sim(scaled, warmup_minutes * 60) if warmup_minutes > 0 else None
+
+
+def _prefill_order(engines: list[dict]) -> list[int]:
+    """Indices of ``engines`` (real or simulated per-engine figures: ``steps_per_s``,
+    ``prefill_tokens_per_step``) from the one that computed the most prompt tokens down."""
+    return sorted(range(len(engines)), key=lambda i: -engines[i]["prefill_tokens_per_step"] * engines[i]["steps_per_s"])
+
+
+def engine_cpu_factors(calibration: dict, r: dict) -> list[float] | None:
+    """Per real engine, from the one that computed the most prompt tokens in run ``r`` down: its
+    model worker's CPU during the calibration over its CPU during the run (``cpu_cores_by_engine``
+    of both, in the engines' order; :func:`real_engine_figures` ranks them). The engine that
+    takes more prompts loses more of its core to its own scheduler and API server (rr-long,
+    c=16: 0.76 cores against 0.85 for the other, 0.93 each during the calibration), so the
+    simulator's engine of the same rank gets that engine's factor. None when either reading
+    lacks an engine's worker or the run has no per-engine counters."""
+    cal, run = calibration.get("cpu_cores_by_engine"), r.get("cpu_cores_by_engine")
+    real = real_engine_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
+    if not cal or not run or not real or not (len(cal) == len(run) == len(real)):
+        return None
+    cal_w = [(e or {}).get("engine_worker") for e in cal]
+    run_w = [(e or {}).get("engine_worker") for e in run]
+    if not all(cal_w) or not all(run_w):
+        return None
+    return [cal_w[i] / run_w[i] for i in _prefill_order(real)]
 
 
 def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None:

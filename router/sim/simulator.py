@@ -113,7 +113,9 @@ class SimConfig:
     """One simulation run.
 
     Attributes:
-        instances: engine replicas; engine: their config; cost: their step-time model.
+        instances: engine replicas; engine: their config; cost: their step-time model, or a
+            list of one per replica (engines that share a machine unevenly, e.g. one whose
+            core also runs more of its scheduler's and server's work).
         mixture: the trainer's target rho (``trainer.rho``); ceiling: its outer concurrency, units
             in flight (``trainer.max_in_flight``).
         signals: signal delay and loss.
@@ -252,7 +254,11 @@ class Simulation:
                         f"session {s.session_id!r} turn {r.turn}: prompt_hashes use block_size {r.block_size} "
                         f"but the engines use {bs}; set engine.block_size to match the trace"
                     )
-        self.engines = [Engine(f"engine-{i}", config.engine, config.cost) for i in range(config.instances)]
+        costs = list(config.cost) if isinstance(config.cost, (list, tuple)) else [config.cost] * config.instances
+        if len(costs) != config.instances:
+            raise SimError(f"SimConfig.cost: {len(costs)} step-time models for {config.instances} instances; "
+                           "give one model, or one per instance")
+        self.engines = [Engine(f"engine-{i}", config.engine, cost) for i, cost in enumerate(costs)]
         self.by_name = {e.instance: e for e in self.engines}
         self.trainer = Trainer(sessions, config.mixture, config.ceiling)
         self.now = 0.0

@@ -453,8 +453,16 @@ def test_each_engine_real_beside_simulated_the_engine_with_more_prefill_first(tm
                            for i, p in zip((0, -1), timeline)]
     runs[0]["real"]["window_s"] = [0.0, 30.0]
     runs[0]["cpu_cores_by_engine"] = [{"engine_worker": 0.6}, {"engine_worker": 0.9}]
+    calibration["cpu_cores_by_engine"] = [{"engine_worker": 0.9}, {"engine_worker": 0.9}]
     (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
     results, _, _ = resimulate(tmp_path)
+    # each simulated engine is scaled by the CPU of the real engine of its rank: the one with more
+    # prefill had 0.6 of the calibration's 0.9 cores (1.5x longer steps), the other all of it
+    factors = results[0]["cpu_profile"]["engine_factors"]
+    heavy = max(range(2), key=lambda i: results[0]["sim_cpu"]["engines"][i]["prefill_tokens_per_step"]
+                * results[0]["sim_cpu"]["engines"][i]["steps_per_s"])
+    assert factors[heavy] == pytest.approx(1.5) and factors[1 - heavy] == pytest.approx(1.0)
+    assert "engine_factors" not in (results[1].get("cpu_profile") or {})  # no per-engine CPU: the pooled factor
     sim = results[0]["sim"]
     assert len(sim["engines"]) == 2 and sum(e["requests"] for e in sim["engines"]) == sim["requests_finished"]
     assert sum(e["steps_per_s"] for e in sim["engines"]) == pytest.approx(sim["engine_steps"]["steps_per_s"])

@@ -298,3 +298,24 @@ def test_request_overhead_delays_each_request_before_the_router():
         arrivals.append(policy.calls[0][0])
     assert ends[1] - ends[0] == pytest.approx(4.0) and ends[2] - ends[1] == pytest.approx(0.5)
     assert arrivals == [0.0, 2.0, 2.0]
+
+
+def test_each_engine_can_have_its_own_step_cost(mini_trace):
+    """A list of step-time models gives one per engine: with one engine 3x slower than the other,
+    that engine steps a third as often over the same load; a list of the wrong length is refused."""
+    from router.sim.cost_model import LinearStepCost
+
+    fast = LinearStepCost(c0_s=0.01, c_prefill_s=1e-5, c_decode_s=1e-4)
+    slow = fast.scaled(3.0)
+
+    def engines(cost):
+        cfg = SimConfig(instances=2, engine=EngineConfig(num_blocks=1200, block_size=64), cost=cost, mixture=MIX,
+                        ceiling=8, context_limit_tokens=LIMIT, horizon_s=600.0)
+        return Simulation(cfg, mini_trace, make_policy("round_robin", {})).run().summary["engines"]
+
+    same = engines(fast)
+    mixed = engines([fast, slow])
+    assert mixed[1]["ms_per_step"] == pytest.approx(3 * mixed[0]["ms_per_step"], rel=0.5)
+    assert mixed[1]["ms_per_step"] > 2 * same[1]["ms_per_step"]
+    with pytest.raises(SimError, match="3 step-time models for 2 instances"):
+        engines([fast, fast, slow])
