@@ -26,7 +26,9 @@ What it does, in one run and one folder (``runs/bench/router-real-<time>/``, one
 5. Replays the same trace in the simulator with the engines' real KV size and block size and
    the same policies and ceilings, with three step-cost profiles (:data:`PROFILES`: the
    calibrated one; one fitted to the other runs' engine counters; the calibrated one scaled
-   to the CPU the engines' model threads had in the run), and reports its error per figure.
+   to the CPU the engines' model threads had in the run, engine by engine where each
+   engine's CPU was measured), and reports its error per figure and each engine of a run
+   beside the simulator's.
 
 Figures per router, over two windows: the whole run (first unit completion to the end, as
 the simulator defines it with warmup_frac=0) and the run after ``--warmup-minutes`` (our
@@ -38,7 +40,8 @@ consumed mixture and TV distance, per-class p50/p95 unit completion time, the co
 of completed samples (output tokens/min, length-adjusted samples/min, decode tokens per
 sample), the regime (:func:`regime`: sessions and running requests per engine, KV usage,
 the share of time every class cap is above 1) and the CPU each role of the job used (engine
-workers and schedulers, API servers, router, client: :mod:`common.cpu_time`); ratios to the
+workers and schedulers, API servers, router, client, and each engine's own:
+:mod:`common.cpu_time`); ratios to the
 sweep-tuned baseline. Over
 seeds (``summary.md``), per window: each router's change against the sweep point with the
 best mean, mean ± std, the simulator mimic's error against the real router per sweep point;
@@ -536,21 +539,28 @@ def _engines_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -
             ("decode_seqs_per_step", "decoding sequences per step", ".1f"),
             ("request_s", "request s (queue + prefill + decode)", ".2f"))
 
+    def with_total(e: dict) -> dict:
+        return dict(e, request_s=sum(e.get(f"request_{k}_s", math.nan) for k in ("queue", "prefill", "decode")))
+
     def ranked(engines: list[dict]) -> list[dict]:
-        rows = [dict(e, request_s=sum(e.get(f"request_{k}_s", math.nan) for k in ("queue", "prefill", "decode")))
-                for e in engines]
-        return [rows[i] for i in _prefill_order(rows)]
+        return [with_total(engines[i]) for i in _prefill_order(engines)]
 
     lines = []
     for label in order:
         pairs = []
         for _, results in per_seed:
             for r in results:
+                if r["label"] != label:
+                    continue
                 real = real_engine_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
                 sim = (r.get("sim_cpu") or r.get("sim") or {}).get("engines")
-                if r["label"] == label and real and sim and len(real) == len(sim):
-                    worker = [(e or {}).get("engine_worker") for e in (r.get("cpu_cores_by_engine") or [None] * len(real))]
-                    pairs.append(list(zip(ranked([dict(e, worker=w) for e, w in zip(real, worker)]), ranked(sim))))
+                if not (real and sim and len(real) == len(sim)):
+                    continue
+                worker = [(e or {}).get("engine_worker") for e in (r.get("cpu_cores_by_engine") or [None] * len(real))]
+                # a replay scaled per engine: pair by the ranks its factors were given by
+                ranks = (r.get("cpu_profile") or {}).get("engine_ranks") if r.get("sim_cpu") else None
+                sim_ranked = [with_total(sim[i]) for i in ranks] if ranks else ranked(sim)
+                pairs.append(list(zip(ranked([dict(e, worker=w) for e, w in zip(real, worker)]), sim_ranked)))
         if not pairs:
             continue
         for j in range(len(pairs[0])):
@@ -562,8 +572,10 @@ def _engines_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -
     if not lines:
         return []
     return ["### Per engine, real / simulated (whole run, means over seeds; CPU-scaled profile where the run has one)",
-            "", "The engine that computed more prompt tokens first, in the run and in its replay alike. A real step's "
-            "ms is wall time per step (an upper bound where the engine idled). The last column is the CPU its model "
+            "", "The engine that computed more prompt tokens first, in the run and in its replay alike (a replay "
+            "scaled per engine: in the order its factors were given). A real step's ms is wall time per step (an "
+            "upper bound where the engine idled). Real figures from the first unit completion on; the simulator's "
+            "requests and their split over its whole run. The last column is the CPU its model "
             "worker had during the run (runs recorded before it was measured per engine: n/a).", "",
             "| Router | engine | " + " | ".join(f"{name} real / sim" for _, name, _ in cols) + " | worker cores |",
             "|---|---|" + "---|" * len(cols) + "---|", *lines, ""]
@@ -1115,8 +1127,9 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
       run and the calibration measured each engine's worker (``cpu_cores_by_engine``), each
       simulated engine gets its own factor instead: that of the real engine of the same rank
       by computed prompt tokens (:func:`engine_cpu_factors`; the simulator's ranks from a
-      first replay with the pooled factor; ``r["cpu_profile"]["engine_factors"]``, in the
-      simulator's engine order). Left out for runs or calibrations recorded without
+      first replay with the pooled factor, whose ``factor`` and profile ``r["cpu_profile"]``
+      keeps; ``engine_factors``, in the simulator's engine order, and ``engine_ranks`` there
+      are what ``sim_cpu`` ran with). Left out for runs or calibrations recorded without
       ``cpu_cores``.
     """
     cost = fit_linear_step_cost([StepSample.from_saved(s) for s in calibration["samples"]])
@@ -1171,9 +1184,11 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                 # each simulated engine gets the factor of the real engine of its rank by computed prompt
                 sim_rank = _prefill_order(r["sim_cpu"]["engines"])
                 factors = [1.0] * instances
-                for rank, i in enumerate(sim_rank):
-                    factors[i] = by_rank[rank]
+                for rank, engine in enumerate(sim_rank):
+                    factors[engine] = by_rank[rank]
+                # the pooled factor and profile above ranked the engines; these replace them
                 r["cpu_profile"]["engine_factors"] = factors
+                r["cpu_profile"]["engine_ranks"] = sim_rank
                 scaled = [cost.scaled(f) for f in factors]
                 r["sim_cpu"] = replay_sim(scaled)
             r["sim_cpu_after_warmup"] = replay_sim(scaled, warmup_minutes * 60) if warmup_minutes > 0 else None
@@ -1249,12 +1264,19 @@ def check_run_folder(run_dir: Path) -> None:
 
 
 def _check_cpu_cores(run_dir: Path, where: str, owner) -> None:
-    """Refuse (usage error) a saved ``cpu_cores`` that is not null or {role: cores >= 0}."""
+    """Refuse (usage error) a saved ``cpu_cores`` that is not null or {role: cores >= 0}, and a
+    ``cpu_cores_by_engine`` that is not null or a list of such maps."""
+    def cores_map(cores) -> bool:
+        return isinstance(cores, dict) and all(_is_number(c) and math.isfinite(c) and c >= 0 for c in cores.values())
+
     cores = owner.get("cpu_cores") if isinstance(owner, dict) else None
-    if cores is not None and not (isinstance(cores, dict) and all(
-            _is_number(c) and math.isfinite(c) and c >= 0 for c in cores.values())):
+    if cores is not None and not cores_map(cores):
         raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores must map roles to cores (>= 0) or be "
                           f"null, got {cores!r}; {_WANT_RUN}")
+    per = owner.get("cpu_cores_by_engine") if isinstance(owner, dict) else None
+    if per is not None and not (isinstance(per, list) and all(cores_map(c) for c in per)):
+        raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores_by_engine must be a list of maps from roles "
+                          f"to cores (>= 0), one per engine, or null, got {per!r}; {_WANT_RUN}")
 
 
 def _is_number(x) -> bool:

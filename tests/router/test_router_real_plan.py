@@ -304,6 +304,8 @@ vllm_router_requests_total{route="/v1/completions"} 50
     ("cpu_cores", {"engine_worker": -1}, "runs[0].cpu_cores must map roles to cores"),
     ("cpu_cores", [1.6], "runs[0].cpu_cores must map roles to cores"),
     ("cpu_cores", {"router": "x"}, "runs[0].cpu_cores must map roles to cores"),
+    ("cpu_cores_by_engine", [{"engine_worker": 0.9}, "x"], "runs[0].cpu_cores_by_engine must be a list of maps"),
+    ("cpu_cores_by_engine", {"engine_worker": 0.9}, "runs[0].cpu_cores_by_engine must be a list of maps"),
     ("sample", {"bogus": 1}, "calibration.samples[0] must have exactly prefill_tokens"),
     ("sample", {"step_time_s": None}, "calibration.samples[0] must have exactly prefill_tokens"),
     ("sample", {"step_time_s": "fast"}, "calibration.samples[0] needs finite numbers >= 0"),
@@ -318,7 +320,8 @@ def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, c
 
     (tmp_path / "trace.jsonl").write_text("")
     good = {"label": "vllm-router c=4", "missing_tokens_s": [1.5, 2.0], "router_decisions": {"prefix_hit": 3},
-            "cpu_cores": {"engine_worker": 1.6, "router": 0.0}}
+            "cpu_cores": {"engine_worker": 1.6, "router": 0.0},
+            "cpu_cores_by_engine": [{"engine_worker": 0.8}, {"engine_worker": 0.8, "engine_core": 0.1}]}
     (tmp_path / "results.json").write_text(json.dumps({"runs": [good, {"label": "old run"}]}))
     check_run_folder(tmp_path)  # passes
     (tmp_path / "results.json").write_text(json.dumps({"runs": [good], "calibration": {"cpu_cores": {"job": -2}}}))
@@ -462,6 +465,7 @@ def test_each_engine_real_beside_simulated_the_engine_with_more_prefill_first(tm
     heavy = max(range(2), key=lambda i: results[0]["sim_cpu"]["engines"][i]["prefill_tokens_per_step"]
                 * results[0]["sim_cpu"]["engines"][i]["steps_per_s"])
     assert factors[heavy] == pytest.approx(1.5) and factors[1 - heavy] == pytest.approx(1.0)
+    assert results[0]["cpu_profile"]["engine_ranks"] == [heavy, 1 - heavy]
     assert "engine_factors" not in (results[1].get("cpu_profile") or {})  # no per-engine CPU: the pooled factor
     sim = results[0]["sim"]
     assert len(sim["engines"]) == 2 and sum(e["requests"] for e in sim["engines"]) == sim["requests_finished"]
