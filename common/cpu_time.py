@@ -57,7 +57,10 @@ class CpuMeter:
         used: dict[str, float] = {}
         for pid, (role, cpu) in end.items():
             before = self.start.get(pid)
-            used[role] = used.get(role, 0.0) + max(0.0, cpu - (before[1] if before and before[0] == role else 0.0))
+            # the same process under the same role (an engine's port may be found at one reading
+            # only: ``engine_worker`` then ``engine_worker@8001``) counts from its start reading
+            same = before is not None and before[0].partition("@")[0] == role.partition("@")[0]
+            used[role] = used.get(role, 0.0) + max(0.0, cpu - (before[1] if same else 0.0))
         return {r: round(v / wall, 4) for r, v in used.items()}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -95,3 +96,25 @@ def test_each_engine_s_processes_are_told_apart_by_its_server_port():
          "router": 0.05})
     assert by_role == {"engine_worker": 1.6, "engine_core": 0.2, "router": 0.05}
     assert by_engine == {8001: {"engine_worker": 0.6, "engine_core": 0.2}, 8002: {"engine_worker": 0.9}}
+
+
+def test_a_process_whose_engine_port_shows_up_later_counts_from_its_first_reading():
+    """The start reading names this process ``me``, the end one ``me@8001`` (its engine's port
+    found only then): its CPU before the start is still left out, not counted as used in the span."""
+    readings: list[str] = []
+
+    def role(p: psutil.Process) -> str:
+        if p.pid != os.getpid():
+            return "other"
+        readings.append("me" if not readings else "me@8001")
+        return readings[-1]
+
+    start = time.process_time()
+    while time.process_time() < start + 0.3:  # CPU used before the meter starts
+        pass
+    meter = CpuMeter(os.getpid(), role)
+    t0 = time.monotonic()
+    cores = meter.cores()
+    used = cores["me@8001"] * (time.monotonic() - t0 + (t0 - meter.start_s))
+    # had the start reading been ignored, the process's whole CPU so far (>= 0.3 s) would count
+    assert readings == ["me", "me@8001"] and used < 0.2
