@@ -490,15 +490,26 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     return text
 
 
-def real_step_figures(timeline: list[dict], window: tuple[float, float]) -> dict | None:
-    """:func:`router.sim.metrics.step_figures` of the real engines over ``window``, from the
-    first and last timeline samples in it that carry the engines' step counters (None: fewer
-    than two, e.g. runs recorded before the counters were scraped). The time in steps is
-    the wall time x engines: the engines' mean step when they never idle, more when they do."""
+def _real_window(r: dict) -> tuple[float, float]:
+    """The window (s) run ``r``'s real figures were measured over (runs saved without: all of it)."""
+    return tuple(r["real"].get("window_s") or (0.0, math.inf))
+
+
+def _counter_ends(timeline: list[dict], window: tuple[float, float]) -> tuple[dict, dict] | None:
+    """The first and last timeline samples in ``window`` that carry the engines' step counters
+    (None: fewer than two, e.g. runs recorded before the counters were scraped)."""
     pts = [p for p in timeline if window[0] <= p["t_s"] <= window[1] and p.get("steps")]
-    if len(pts) < 2:
+    return (pts[0], pts[-1]) if len(pts) >= 2 else None
+
+
+def real_step_figures(timeline: list[dict], window: tuple[float, float]) -> dict | None:
+    """:func:`router.sim.metrics.step_figures` of the real engines over ``window``, between
+    :func:`_counter_ends` (None without them). The time in steps is the wall time x engines:
+    the engines' mean step when they never idle, more when they do."""
+    ends = _counter_ends(timeline, window)
+    if ends is None:
         return None
-    a, b = pts[0], pts[-1]
+    a, b = ends
     dt = b["t_s"] - a["t_s"]
     delta = {k: sum(y - x for x, y in zip(a[k], b[k])) for k in ("steps", "computed_prompt", "generated")}
     return step_figures(delta["steps"], dt, dt * len(a["steps"]), delta["computed_prompt"], delta["generated"])
@@ -510,11 +521,11 @@ def real_engine_figures(timeline: list[dict], window: tuple[float, float]) -> li
     e2e_request_latency count) and, where the timeline has the engine core's sums, their mean
     ``request_queue_s``, ``request_prefill_s``, ``request_decode_s``; the shape of the
     simulator's ``engines`` (:func:`router.sim.metrics.engine_figures`). None: fewer than two
-    samples in ``window`` with step counters."""
-    pts = [p for p in timeline if window[0] <= p["t_s"] <= window[1] and p.get("steps")]
-    if len(pts) < 2:
+    samples in ``window`` with step counters (:func:`_counter_ends`)."""
+    ends = _counter_ends(timeline, window)
+    if ends is None:
         return None
-    a, b = pts[0], pts[-1]
+    a, b = ends
     dt = b["t_s"] - a["t_s"]
     out = []
     for i in range(len(a["steps"])):
@@ -552,7 +563,7 @@ def _engines_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -
             for r in results:
                 if r["label"] != label:
                     continue
-                real = real_engine_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
+                real = real_engine_figures(r.get("timeline") or [], _real_window(r))
                 sim = (r.get("sim_cpu") or r.get("sim") or {}).get("engines")
                 if not (real and sim and len(real) == len(sim)):
                     continue
@@ -590,7 +601,7 @@ def _steps_section(per_seed: list[tuple[int, list[dict]]], order: list[str]) -> 
     rows: dict[str, list[tuple[dict, dict]]] = {}
     for _, results in per_seed:
         for r in results:
-            real = real_step_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
+            real = real_step_figures(r.get("timeline") or [], _real_window(r))
             sim = (r.get("sim") or {}).get("engine_steps")
             if real and sim:
                 rows.setdefault(r["label"], []).append((real, sim))
@@ -1126,11 +1137,11 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
       during the calibration. A measured input of the run, not its throughput. Where both the
       run and the calibration measured each engine's worker (``cpu_cores_by_engine``), each
       simulated engine gets its own factor instead: that of the real engine of the same rank
-      by computed prompt tokens (:func:`engine_cpu_factors`; the simulator's ranks from a
-      first replay with the pooled factor, whose ``factor`` and profile ``r["cpu_profile"]``
-      keeps; ``engine_factors``, in the simulator's engine order, and ``engine_ranks`` there
-      are what ``sim_cpu`` ran with). Left out for runs or calibrations recorded without
-      ``cpu_cores``.
+      by computed prompt tokens (:func:`engine_cpu_factors`; the simulator's ranks from its
+      replay with the calibration profile, ``r["sim"]``; ``r["cpu_profile"]`` keeps the
+      pooled ``factor`` and profile beside the ``engine_factors``, in the simulator's engine
+      order, and ``engine_ranks`` that ``sim_cpu`` ran with). Left out for runs or
+      calibrations recorded without ``cpu_cores``.
     """
     cost = fit_linear_step_cost([StepSample.from_saved(s) for s in calibration["samples"]])
     calibration["profile"] = dataclasses.asdict(cost)
@@ -1178,19 +1189,17 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
             factor = cal_worker / run_worker
             scaled = cost.scaled(factor)
             r["cpu_profile"] = {"factor": factor, **dataclasses.asdict(scaled)}
-            r["sim_cpu"] = replay_sim(scaled)
             by_rank = engine_cpu_factors(calibration, r)
             if by_rank and len(by_rank) == instances:
-                # each simulated engine gets the factor of the real engine of its rank by computed prompt
-                sim_rank = _prefill_order(r["sim_cpu"]["engines"])
+                # each simulated engine gets the factor of the real engine of its rank by computed
+                # prompt tokens, the simulated ranks taken from the replay with the calibration
+                sim_rank = _prefill_order(r["sim"]["engines"])
                 factors = [1.0] * instances
                 for rank, engine in enumerate(sim_rank):
                     factors[engine] = by_rank[rank]
-                # the pooled factor and profile above ranked the engines; these replace them
-                r["cpu_profile"]["engine_factors"] = factors
-                r["cpu_profile"]["engine_ranks"] = sim_rank
+                r["cpu_profile"].update(engine_factors=factors, engine_ranks=sim_rank)
                 scaled = [cost.scaled(f) for f in factors]
-                r["sim_cpu"] = replay_sim(scaled)
+            r["sim_cpu"] = replay_sim(scaled)
             r["sim_cpu_after_warmup"] = replay_sim(scaled, warmup_minutes * 60) if warmup_minutes > 0 else None
 
 
@@ -1209,7 +1218,7 @@ def engine_cpu_factors(calibration: dict, r: dict) -> list[float] | None:
     simulator's engine of the same rank gets that engine's factor. None when either reading
     lacks an engine's worker or the run has no per-engine counters."""
     cal, run = calibration.get("cpu_cores_by_engine"), r.get("cpu_cores_by_engine")
-    real = real_engine_figures(r.get("timeline") or [], tuple(r["real"].get("window_s") or (0.0, math.inf)))
+    real = real_engine_figures(r.get("timeline") or [], _real_window(r))
     if not cal or not run or not real or not (len(cal) == len(run) == len(real)):
         return None
     cal_w = [(e or {}).get("engine_worker") for e in cal]
@@ -1329,7 +1338,7 @@ def resimulate(run_dir: Path, request_overhead: bool = True) -> tuple[list[dict]
     for r in results:  # runs saved before the regime figures existed get them from their timeline
         if "regime" not in r:
             r["regime"] = regime(r.get("timeline") or [], int(ecfg.num_engines),
-                                 tuple(r["real"].get("window_s") or (0.0, math.inf)))
+                                 _real_window(r))
     simulate(results, runs, trace, calibration, int(ecfg.num_engines), batched, int(ecfg.max_num_seqs), max_model_len,
              minutes, seed, warmup, request_overhead)
     _save(run_dir, results, calibration, args)

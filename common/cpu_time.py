@@ -113,9 +113,9 @@ def engine_port(p: psutil.Process) -> int | None:
             argv = q.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return None
-        for i, a in enumerate(argv):
-            value = argv[i + 1] if a == "--port" and i + 1 < len(argv) else a[len("--port="):] if a.startswith("--port=") else None
-            if value is not None and value.isdigit():
+        for a, after in zip(argv, argv[1:] + [""]):
+            value = after if a == "--port" else a.removeprefix("--port=") if a.startswith("--port=") else ""
+            if value.isdigit():
                 return int(value)
         return None
     return None

@@ -48,10 +48,9 @@ class RequestLog:
         self.prompt_tokens: list[int] = []
         self.hit_tokens: list[int] = []
         self.output_tokens: list[int] = []
-        # summed over finished requests (s): admitted to its engine -> first scheduled (vLLM's
-        # queue time), -> first token (its prefill time), -> last token (its decode time)
-        self.time_split_s = {"queue": 0.0, "prefill": 0.0, "decode": 0.0}
-        # the same sums per engine (instance -> {"requests", "queue", "prefill", "decode"})
+        # per engine, summed over its finished requests (s): admitted to its engine -> first
+        # scheduled (vLLM's queue time), -> first token (its prefill time), -> last token (its
+        # decode time); instance -> {"requests", "queue", "prefill", "decode"}
         self.instance_split_s: dict[str, dict[str, float]] = {}
         self.agent_model_s = 0.0
         self.agent_gap_s = 0.0
@@ -71,17 +70,17 @@ class RequestLog:
         self.hit_tokens.append(sreq.hit_tokens)
         self.output_tokens.append(sreq.output_tokens)
         first = sreq.first_token_s if sreq.first_token_s is not None else now
-        queue, prefill, decode = sreq.start_s - sreq.admitted_s, first - sreq.start_s, now - first
-        split = self.time_split_s
-        split["queue"] += queue
-        split["prefill"] += prefill
-        split["decode"] += decode
         own = self.instance_split_s.setdefault(
             sreq.instance, {"requests": 0, "queue": 0.0, "prefill": 0.0, "decode": 0.0})
         own["requests"] += 1
-        own["queue"] += queue
-        own["prefill"] += prefill
-        own["decode"] += decode
+        own["queue"] += sreq.start_s - sreq.admitted_s
+        own["prefill"] += first - sreq.start_s
+        own["decode"] += now - first
+
+    @property
+    def time_split_s(self) -> dict[str, float]:
+        """``instance_split_s`` summed over engines: {"queue", "prefill", "decode"} (s)."""
+        return {k: sum(own[k] for own in self.instance_split_s.values()) for k in ("queue", "prefill", "decode")}
 
     def session_done(self, workload_class: str, model_s: float, gap_s: float, released_s: float,
                      admitted_s: float, ended_s: float, final_blocks: int) -> None:
