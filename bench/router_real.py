@@ -790,7 +790,10 @@ def _plots(results: list[dict], base_label: str, out: Path) -> None:
     ax3.set_xlabel("time (s)")
     ax3.set_ylabel("requests held by our router")
     ax1.legend(fontsize=7)
-    ax3.legend(fontsize=7)
+    if ax3.get_lines():
+        ax3.legend(fontsize=7)
+    else:  # only the vLLM Router ran: nothing of ours held a request
+        ax3.text(0.5, 0.5, "no run of our router", ha="center", va="center", transform=ax3.transAxes)
     fig.tight_layout()
     fig.savefig(out / "kv_usage.png", dpi=120)
     plt.close(fig)

@@ -142,6 +142,7 @@ def test_resimulate_redoes_the_simulator_half_of_a_finished_run(tmp_path):
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "\r" not in run.stderr  # into a pipe or log: no progress-bar redraws
+    assert "No artists with labels" not in run.stderr  # no held requests to plot: no empty legend
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["baseline"] == "vllm-router c=4" and saved["calibration"]["profile"]["c0_s"] > 0
     assert all(r["sim"]["samples_per_min"] > 0 for r in saved["runs"])
