@@ -82,7 +82,7 @@ from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
 from router.launch import VLLM_ROUTER_LOG_LEVELS, start_router
 from router.policies import POLICY_NAMES, make_policy, registered_policy_names
-from router.replay import ReplayError, WordText, replay, request_times, scrape_engines
+from router.replay import ReplayError, WordText, replay, request_times, scrape_engines, step_wait_s
 from router.sim.calibrate import measure_step_samples, step_samples_from_timeline
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
@@ -434,7 +434,9 @@ def _request_times_section(per_seed: list[tuple[int, list[dict]]], order: list[s
             "in between two steps); then vLLM's queue (waiting in the scheduler), prefill (first schedule -> first "
             "token) and decode (first token -> last) times, real / simulated (the simulator's engines split a request "
             "the same way; CPU-scaled profile where the run has one). The last column is what the simulator added "
-            "before each request + before each later request of a session (--no-request-overhead: nothing).", "",
+            "before each request (the time outside the engines plus the API server's, less the wait for a running "
+            "step, which the simulated engine counts as queue time) + before each later request of a session "
+            "(--no-request-overhead: nothing).", "",
             "| Router | client | client between requests | outside the engines | held | API server | queue | prefill | decode "
             "| added in the simulator |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
@@ -874,8 +876,9 @@ def main() -> None:
                         help="the simulator's replay adds each request's time outside the engines (router, HTTP "
                              "hops, API servers) as the real vLLM Router's run measured it (client time less vLLM's "
                              "e2e_request_latency; behind our router it is not separable from its holds and none is "
-                             "added), and the replay client's own time between a response and the session's next "
-                             "request; --no-request-overhead replays without either")
+                             "added), the API server's part inside that latency less the wait for a running step "
+                             "(every run), and the replay client's own time between a response and the session's "
+                             "next request; --no-request-overhead replays without any")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
@@ -1118,7 +1121,8 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
     """Replay ``trace`` in the simulator for each run, with the engines' KV blocks and block
     size, each request's time outside the engines and the client's time between a response
     and the session's next request as the run measured them (``r["request_times"]``,
-    :func:`router.replay.request_times`: ``overhead_s``, ``between_s``; 0 with
+    :func:`router.replay.request_times`, through :func:`added_request_overhead_s`: ``overhead_s``
+    and ``api_s`` less the step wait, ``between_s``; 0 with
     ``request_overhead=False`` or for runs recorded without the engines' latency counters),
     and three step-cost profiles:
 
@@ -1159,7 +1163,7 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
         share = missing_tokens_share(r.get("router_decisions"))
         missing_at = r.get("missing_tokens_s")  # measured times; runs saved before: the share
         times = (r.get("request_times") or {}) if request_overhead else {}
-        overhead_s = max(0.0, times.get("overhead_s") or 0.0)
+        overhead_s = added_request_overhead_s(times, r.get("timeline") or [])
         between_s = max(0.0, times.get("between_s") or 0.0)
         r["sim_request_overhead_s"], r["sim_continuation_delay_s"] = overhead_s, between_s
 
@@ -1204,6 +1208,23 @@ def simulate(results: list[dict], runs: list[RouterRun], trace, calibration: dic
                 scaled = [cost.scaled(f) for f in factors]
             r["sim_cpu"] = replay_sim(scaled)
             r["sim_cpu_after_warmup"] = replay_sim(scaled, warmup_minutes * 60) if warmup_minutes > 0 else None
+
+
+def added_request_overhead_s(times: dict, timeline: list[dict]) -> float:
+    """Seconds the simulator adds before each request (``request_overhead_s``) for a run with
+    these :func:`router.replay.request_times` and timeline: the time outside the engines
+    (``overhead_s``: the client's time less vLLM's e2e; None behind our router, whose holds
+    make it inseparable: 0) plus the API server's part inside vLLM's e2e (``api_s``: input and
+    output processing on a CPU the engines' model threads keep busy, 0.3-1.0 s a request in
+    rr-long) less the wait for the engine's running step to end, which is also inside ``api_s``
+    but which the simulated engine already counts as queue time
+    (:func:`router.replay.step_wait_s`). The sum at least 0 (summed before the floor: the two
+    parts come from different request sets, the client's and the engines' counts, and one can
+    read below 0 where the other reads as much above it); 0 for an empty ``times``."""
+    outside, api = times.get("overhead_s"), times.get("api_s")
+    if api is None:
+        return max(0.0, outside or 0.0)
+    return max(0.0, (outside or 0.0) + api - (step_wait_s(timeline) or 0.0))
 
 
 def _prefill_order(engines: list[dict]) -> list[int]:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from router.replay import (ReplayError, RequestRecord, WordText, replay, request_times, router_hold_seconds,
+from router.replay import (ReplayError, RequestRecord, WordText, replay, request_times, router_hold_seconds, step_wait_s,
                            window_summary)
 from router.sim.trace import TraceRecord, TraceSession
 from router.sim.trainer import Trainer
@@ -291,6 +291,20 @@ def test_request_times_split_client_time_into_outside_api_server_and_engine_core
     # too few samples, or none finished between them: no figure
     assert request_times(requests, timeline[:1]) is None
     assert request_times([_request(0.0, 9.0)], timeline) is None
+
+
+def test_step_wait_is_half_the_busy_engines_step_weighted_by_finished_requests():
+    """Engine 0 runs at both ends of the first interval, 10 steps in 5 s: its 4 requests wait
+    half a 0.5-s step each; engine 1 idled (nothing running at the first sample): its 2 wait 0.
+    In the second interval engine 0 finished nothing and engine 1 ran 2 steps in 5 s: 2 more
+    requests wait 1.25 s. A sample without the counters is skipped."""
+    timeline = [{"t_s": 0.0, "steps": [0, 0], "running": [3, 0], "e2e_n": [0, 0]},
+                {"t_s": 2.0, "running": [3, 1]},  # no step counters: not used
+                {"t_s": 5.0, "steps": [10, 4], "running": [2, 1], "e2e_n": [4, 2]},
+                {"t_s": 10.0, "steps": [10, 6], "running": [0, 1], "e2e_n": [4, 4]}]
+    assert step_wait_s(timeline) == pytest.approx((4 * 0.25 + 2 * 0 + 2 * 1.25) / 8)
+    assert step_wait_s(timeline[:2]) is None  # one usable sample: no interval
+    assert step_wait_s([dict(t, e2e_n=[0, 0]) for t in timeline if "steps" in t]) is None  # nothing finished
 
 
 def test_router_hold_seconds_sums_the_classes():

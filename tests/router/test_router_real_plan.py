@@ -396,6 +396,25 @@ def test_calibrations_before_and_after_the_runs_are_pooled_and_their_drift_repor
     assert _drift_section(tmp_path) == []
 
 
+def test_added_overhead_is_the_time_outside_the_engine_core_less_the_step_wait():
+    """The simulator adds the time outside the engines plus the API server's part of vLLM's
+    e2e, less the wait for a running step (which the simulated engine counts as queue time):
+    0.1 + 0.5 - 0.25 here (one engine, 10 steps of 0.5 s, 4 requests finished). Behind our
+    router (overhead None) the API part alone; without the engine core's split the outside
+    time alone; a negative outside reading is summed before the floor, not dropped."""
+    from bench.router_real import added_request_overhead_s
+
+    timeline = [{"t_s": 0.0, "steps": [0], "running": [2], "e2e_n": [0]},
+                {"t_s": 5.0, "steps": [10], "running": [2], "e2e_n": [4]}]
+    assert added_request_overhead_s({"overhead_s": 0.1, "api_s": 0.5}, timeline) == pytest.approx(0.35)
+    assert added_request_overhead_s({"overhead_s": None, "api_s": 0.5}, timeline) == pytest.approx(0.25)
+    assert added_request_overhead_s({"overhead_s": 0.1}, timeline) == pytest.approx(0.1)
+    assert added_request_overhead_s({"overhead_s": -0.3, "api_s": 0.5}, timeline) == 0.0
+    assert added_request_overhead_s({"overhead_s": -0.1, "api_s": 0.5}, timeline) == pytest.approx(0.15)
+    assert added_request_overhead_s({}, timeline) == 0.0
+    assert added_request_overhead_s({"overhead_s": 0.2, "api_s": 0.5}, []) == pytest.approx(0.7)  # no step counters
+
+
 def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
     """A run's measured time outside the engines delays each simulated request (fewer samples
     than without it) and the summary tables where the time went; behind our router (held
@@ -411,7 +430,8 @@ def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
     plain, _, _ = resimulate(tmp_path, request_overhead=False)
     with_overhead, _, _ = resimulate(tmp_path)
     assert [r["sim_request_overhead_s"] for r in plain] == [0.0, 0.0]
-    assert [r["sim_request_overhead_s"] for r in with_overhead] == [2.0, 0.0]
+    # 2.0 outside + 0.1 of the API server (this timeline has no finished-request counts: no step wait)
+    assert [r["sim_request_overhead_s"] for r in with_overhead] == [pytest.approx(2.1), 0.0]
     assert [r["sim_continuation_delay_s"] for r in with_overhead] == [0.5, 0.0]
     assert with_overhead[1]["request_times"]["overhead_s"] is None
     assert with_overhead[0]["sim"]["samples_per_min"] < plain[0]["sim"]["samples_per_min"]
@@ -419,7 +439,7 @@ def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
     assert sim["request_queue_s"] >= 0 and sim["request_prefill_s"] > 0 and sim["request_decode_s"] > 0
     text = summarize_seeds([(0, with_overhead)], tmp_path, 0.5)
     table = text.split("### Where a request's time went")[1].split("###")[0]
-    assert "| vllm-router c=4 | 3.00 | 0.50 | 2.00 | 0.00 | 0.10 | 0.10 / " in table and "| 2.00 + 0.50 |" in table
+    assert "| vllm-router c=4 | 3.00 | 0.50 | 2.00 | 0.00 | 0.10 | 0.10 / " in table and "| 2.10 + 0.50 |" in table
     assert table.count("| misa_t c=8 | 3.00 | n/a | n/a |") == 1
 
 
