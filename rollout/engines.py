@@ -380,7 +380,11 @@ class EnginePool:
         return pool
 
     def stop(self) -> None:
-        """Stop every engine this pool launched (in parallel)."""
+        """Stop every engine this pool launched (in parallel), then remove what they left in
+        /dev/shm (:func:`rollout.leftovers.sweep_leftovers`, its rules: only segments nobody
+        maps or holds open, older than a minute): an engine stopped by its job can leave its
+        ring buffers (160-250 MB each; a full ``make test`` left two), which the sweep at the
+        next pool start would only catch if there were one."""
         procs = [h.process for h in self.handles if h.process is not None]
         if procs:
             with ThreadPoolExecutor(len(procs)) as ex:
@@ -388,6 +392,8 @@ class EnginePool:
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
+        if procs:
+            sweep_leftovers()
 
     def __enter__(self) -> "EnginePool":
         return self

@@ -1,4 +1,4 @@
-"""What stopped engines leave behind, removed when the next engine pool starts.
+"""What stopped engines leave behind, removed when a pool stops and when the next one starts.
 
 vLLM's shared-memory ring buffers (``/dev/shm/psm_*``, 160-250 MB each on CPU, four for a
 2-engine job) and multiprocessing's named semaphores (``sem.mp-*``) are not always removed
@@ -8,8 +8,9 @@ an engine stopped by its job left 2 of its 4 segments on CPU. They stay in RAM u
 next reboot. A killed job also leaves the pool's temporary folder (``misa-rl-engines-*``,
 ``rollout.engines.private_temp_env``) in the system temp folder.
 
-``sweep_leftovers`` removes them before a pool launches engines, by rules that never touch
-what a living process uses:
+``sweep_leftovers`` removes them before a pool launches engines and after it stopped the
+ones it launched (``rollout.engines.EnginePool.stop``), by rules that never touch what a
+living process uses:
 
 - a shared-memory file is removed only if this user owns it, it was last modified more
   than ``MIN_AGE_S`` ago (a segment being created is never caught between its creation and

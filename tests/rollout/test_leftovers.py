@@ -134,3 +134,31 @@ def test_nothing_to_sweep_is_quiet(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="rollout.leftovers"):
         assert not sweep_leftovers(tmp_path / "no-shm", temp_dir=tmp_path)
     assert caplog.text == ""
+
+
+def test_a_pool_that_stops_its_engines_sweeps_what_they_left(tmp_path, monkeypatch):
+    """EnginePool.stop ends the engines it launched, then sweeps: a stale segment nobody maps
+    goes (here in a stand-in shared-memory folder); a pool that only attached to engines
+    started elsewhere stops nothing and sweeps nothing."""
+    import rollout.engines as engines
+    from common.process import ManagedProcess
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    calls = []
+
+    def sweep():
+        calls.append(1)
+        return sweep_leftovers(shm_dir=shm, temp_dir=tmp_path / "temp")
+
+    monkeypatch.setattr(engines, "sweep_leftovers", sweep)
+    proc = ManagedProcess("engine-0", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "engine-0.log")
+    proc.start()
+    stale = _old(shm / "psm_left")
+    pool = engines.EnginePool([engines.EngineHandle(0, "http://127.0.0.1:1", None, proc)])
+    pool.stop()
+    assert not proc.alive() and not stale.exists() and calls == [1]
+    attached = engines.EnginePool([engines.EngineHandle(0, "http://127.0.0.1:1", None)])
+    kept = _old(shm / "psm_other")
+    attached.stop()
+    assert kept.exists() and calls == [1]
