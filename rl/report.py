@@ -34,17 +34,27 @@ def progress_line(m: Mapping) -> str:
     """One iteration's progress text (beside the bar, or the log line ``rl.train`` prints
     per iteration): its time, samples/min, prefix hit rate, TV distance and the mean reward
     per class of the rollouts that finished in it (``rollout_reward_by_class``, classes in
-    name order); an iteration in which no rollout finished (its step trained groups
+    name order), and the held-out scores where the iteration ended with an evaluation
+    (``eval_scores_text``); an iteration in which no rollout finished (its step trained groups
     collected during the previous update) says so instead of the rates it does not have."""
     tv = m.get("tv_distance")
     tail = f"  TV {tv:.3f}" if tv is not None else ""
+    scores = eval_scores_text(m)
+    evaluated = f"  held-out {scores}" if scores else ""
     hit = m.get("prefix_hit_rate")
     if hit is None:
-        return f"iter {m['iteration_s']:.0f}s  update only (no rollout finished during it){tail}"
+        return f"iter {m['iteration_s']:.0f}s  update only (no rollout finished during it){tail}{evaluated}"
     rewards = m.get("rollout_reward_by_class") or {}
     if rewards:
         tail += "  reward " + " ".join(f"{b} {v:.2f}" for b, v in sorted(rewards.items()))
-    return f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  hit {hit:.0%}{tail}"
+    return f"iter {m['iteration_s']:.0f}s  samples/min {m['samples_per_min']:.1f}  hit {hit:.0%}{tail}{evaluated}"
+
+
+def eval_scores_text(m: Mapping) -> str:
+    """The held-out scores of one metrics line (its ``eval/<benchmark>/<metric>`` keys, in
+    the order written) as ``"<benchmark>/<metric> 0.240, ..."``; ``""`` where it has none."""
+    return ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in m.items()
+                     if k.startswith("eval/") and isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def rollout_progress_line(p: Mapping) -> str:

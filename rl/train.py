@@ -24,7 +24,8 @@ from rich.console import Console
 from common.config import (EXIT_FAILURE, SEED_RULE, ConfigError, check_values, hydra_entry, number,
                            register_user_error)
 from common.console import output_console
-from rl.report import plot_run, progress_line, rlvr_settings_table, rollout_progress_line, summary_table
+from rl.report import (eval_scores_text, plot_run, progress_line, rlvr_settings_table, rollout_progress_line,
+                       summary_table)
 from rollout.serve import ServingStack, stop_on_sigterm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -246,7 +247,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
             flat[f"rollout_reward/{b}"] = v
         run.log(flat, step=int(m["iteration"]))
         if "iteration_s" not in m:  # the step-0 evaluation line
-            scores = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in flat.items() if k.startswith("eval/"))
+            scores = eval_scores_text(flat)
             console.print(f"step 0 (initial weights): {scores or 'evaluated'}; rollouts for iteration 1 ...")
             last_line["printed_s"] = time.monotonic()
             return

@@ -163,3 +163,16 @@ def test_the_progress_line_says_when_an_iteration_only_updated():
     # the mean reward per class of the rollouts that finished in the iteration, in class order
     rewarded = dict(full, rollout_reward_by_class={"rlvr": 0.25, "agent": 0.875})
     assert progress_line(rewarded) == "iter 180s  samples/min 29.4  hit 75%  TV 0.072  reward agent 0.88 rlvr 0.25"
+
+
+def test_the_progress_line_gives_the_held_out_scores_of_an_iteration_that_ended_with_an_evaluation():
+    from rl.report import eval_scores_text, progress_line
+
+    evaluated = {"iteration_s": 96.0, "samples_per_min": 0.0, "prefix_hit_rate": None, "tv_distance": 0.015,
+                 "eval/arithmetic/pass@1": 0.26, "eval/arithmetic/pass@2": 0.4375, "eval_s": 61.0}
+    assert eval_scores_text(evaluated) == "arithmetic/pass@1 0.260, arithmetic/pass@2 0.438"
+    assert progress_line(evaluated) == ("iter 96s  update only (no rollout finished during it)  TV 0.015"
+                                        "  held-out arithmetic/pass@1 0.260, arithmetic/pass@2 0.438")
+    rolled = dict(evaluated, samples_per_min=35.8, prefix_hit_rate=0.71, rollout_reward_by_class={"rlvr": 0.16})
+    assert progress_line(rolled).endswith("reward rlvr 0.16  held-out arithmetic/pass@1 0.260, arithmetic/pass@2 0.438")
+    assert eval_scores_text({"iteration_s": 1.0}) == ""

@@ -59,6 +59,9 @@ def test_main_job_trains_one_iteration_end_to_end_and_stops_everything(tmp_path)
         assert (run_dir / "logs" / log).exists(), log
     assert "samples/min" in r.stdout
     assert "GRPO iteration 1/1" in r.stdout  # not a terminal: one progress line per iteration, not only at the end
+    # the iteration that ended with an evaluation says its held-out scores as it happens
+    assert any(line.startswith("GRPO iteration 1/1") and "held-out arithmetic/pass@1 " in line
+               for line in r.stdout.splitlines())
     assert not any(line.startswith("GRPO ━") for line in r.stdout.splitlines())  # no bar drawn at the end
     # the silent minutes before iteration 1 say what they are doing
     assert "evaluating the initial weights" in r.stdout and "step 0 (initial weights): arithmetic/pass@1" in r.stdout
