@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from rich.table import Table
 
 from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry
@@ -63,10 +63,23 @@ def check_train_runs(runs: dict[str, list[str]]) -> None:
         validate_job_cfg(compose("train", overrides))
 
 
+def list_option(cfg: DictConfig, key: str, example: str) -> list[str]:
+    """``cfg[key]`` as a list of strings.
+
+    Raises:
+        ConfigError: the command line gave one value where a list belongs (``routers=misa-t``
+            would otherwise be read letter by letter); the message shows the list form ``example``.
+    """
+    value = cfg[key]
+    if not isinstance(value, ListConfig):
+        raise ConfigError(f"{key}={value}: give a list in brackets, e.g. {example}")
+    return [str(v) for v in value]
+
+
 @hydra_entry("compare")
 def main(cfg: DictConfig) -> None:
     console = output_console()
-    routers = [str(r) for r in cfg.routers]
+    routers = list_option(cfg, "routers", "'routers=[vllm,misa-t]'")
     if len(routers) < 2 or len(set(routers)) != len(routers):
         raise ConfigError(f"routers={routers}: give two or more different router options, e.g. [vllm,misa-t]")
     unknown = [r for r in routers if r not in group_options("router")]
@@ -75,7 +88,7 @@ def main(cfg: DictConfig) -> None:
     recipe = HydraConfig.get().runtime.choices["recipe"]
     run_dir = Path(cfg.run_dir)
     runs = {r: [f"recipe={recipe}", f"router={r}", f"seed={cfg.seed}", f"run_dir={run_dir / r}",
-                *[str(o) for o in cfg.train_overrides]] for r in routers}
+                *list_option(cfg, "train_overrides", "'train_overrides=[\"trainer.iterations=4\"]'")] for r in routers}
     check_train_runs(runs)
     summaries, histories = {}, {}
     for r in routers:

@@ -32,6 +32,16 @@ def test_unknown_router_in_the_list_is_refused_with_the_options():
     assert "misa-x" in r.stderr and "misa-t" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_one_value_where_a_list_belongs_is_refused_with_the_list_form(tmp_path):
+    for arg, said in (("routers=misa-t", "routers=misa-t: give a list in brackets, e.g. 'routers=[vllm,misa-t]'"),
+                      ('train_overrides="trainer.iterations=4"', "train_overrides=trainer.iterations=4: give a list")):
+        run_dir = tmp_path / "cmp"
+        r = subprocess.run([sys.executable, "-m", "rl.compare", f"run_dir={run_dir}", arg],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert said in r.stderr and "Traceback" not in r.stderr and not run_dir.exists()
+
+
 def test_bad_train_overrides_are_refused_before_any_run(tmp_path):
     for overrides, said in (('train_overrides=["trainer.iteratons=3"]', "unknown config key 'trainer.iteratons'"),
                             ('train_overrides=["trainer.iterations=abc"]', "trainer")):
