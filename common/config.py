@@ -86,6 +86,36 @@ def user_error_exit_code(exc: BaseException) -> int:
     return next(_USER_ERRORS[cls] for cls in type(exc).__mro__ if cls in _USER_ERRORS)
 
 
+# Hydra's own command-line flags (``--hydra-help`` lists them); every other word that starts
+# with a dash is a mistake: settings are key=value overrides.
+_HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p",
+                "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
+                "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+
+
+def refuse_unknown_flags(argv: Sequence[str]) -> None:
+    """Refuse a command-line word that starts with a dash and is not one of Hydra's flags.
+
+    Raises:
+        ConfigError: naming the word and the key=value form (``--port 9000`` would otherwise
+            reach Hydra's parser as the override ``9000``, "missing EQUAL").
+    """
+    for a in argv:
+        if a.startswith("-") and a.split("=", 1)[0] not in _HYDRA_FLAGS and not _is_number(a):
+            key = a.lstrip("-").split("=", 1)[0] or "key"
+            raise ConfigError(f"{a}: not an option of this command. Settings are key=value without dashes "
+                              f"(e.g. {key}=VALUE; a key in a section needs its path, as server.port=9000); "
+                              "--help lists the keys and config groups")
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def _hydra_flags_removed(argv: Sequence[str]) -> list[str]:
     """The overrides of a command line, without Hydra's own flags."""
     out, skip = [], False
@@ -277,8 +307,10 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def compose_or_exit(config_name: str, argv: Sequence[str], return_hydra_config: bool = False) -> DictConfig:
-    """``compose`` for command-line use: on ConfigError print the message and exit 2."""
+    """``compose`` for command-line use (a dashed word not Hydra's refused first:
+    ``refuse_unknown_flags``): on ConfigError print the message and exit 2."""
     try:
+        refuse_unknown_flags(argv)
         return compose(config_name, _hydra_flags_removed(argv), return_hydra_config)
     except ConfigError as e:
         raise usage_error(e) from None

@@ -313,7 +313,8 @@ class RouterService:
         # One scrape before serving: the block size (and a first sample) is known at once.
         await self.scraper.scrape_once()
         if self.block_size is None:
-            log.warning("engine block size unknown (no cache_config_info yet): block hashes stay empty until it is")
+            log.warning("engine block size unknown (no cache_config_info yet): "
+                        "block hashes stay empty until an engine reports it")
         self._tasks = [asyncio.create_task(self.scraper.run(scraped_just_now=True), name="scrape")]
         if self.kv_events.endpoints:
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))

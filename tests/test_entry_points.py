@@ -59,6 +59,13 @@ def test_bad_value_exits_2_with_one_line_and_leaves_nothing(module, tmp_path):
     _assert_refused(_run_in(tmp_path, module, *HYDRA_ENTRY_POINTS[module]), tmp_path)
 
 
+@pytest.mark.parametrize("module", sorted(HYDRA_ENTRY_POINTS))
+def test_a_dashed_option_is_one_line_that_shows_the_key_value_form(module, tmp_path):
+    r = _run_in(tmp_path, module, "--port", "9000")
+    _assert_refused(r, tmp_path)
+    assert "--port: not an option of this command" in r.stderr and "port=VALUE" in r.stderr
+
+
 @pytest.mark.parametrize("module", BENCHMARKS)
 def test_benchmark_refuses_an_unknown_option_with_exit_2_and_one_line(module, tmp_path):
     r = _run_in(tmp_path, module, "--no-such-option")
