@@ -88,9 +88,11 @@ def user_error_exit_code(exc: BaseException) -> int:
 
 # Hydra's own command-line flags (``--hydra-help`` lists them); every other word that starts
 # with a dash is a mistake: settings are key=value overrides.
-_HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p",
-                "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
-                "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+# Those that take a value (``--info``'s is optional) are skipped with it by _hydra_flags_removed.
+_HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                           "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+_HYDRA_FLAGS = _HYDRA_FLAGS_WITH_VALUE | {"--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r",
+                                         "--multirun", "-m", "--shell-completion", "-sc"}
 
 
 def refuse_unknown_flags(argv: Sequence[str]) -> None:
@@ -119,14 +121,11 @@ def _is_number(word: str) -> bool:
 def _hydra_flags_removed(argv: Sequence[str]) -> list[str]:
     """The overrides of a command line, without Hydra's own flags."""
     out, skip = [], False
-    takes_value = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp",
-                   "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
-                   "--experimental-rerun"}
     for a in argv:
         if skip:
             skip = False
             continue
-        if a in takes_value:
+        if a in _HYDRA_FLAGS_WITH_VALUE:
             skip = a not in ("--info", "-i")
             continue
         if a.startswith("-"):

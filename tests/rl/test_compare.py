@@ -32,22 +32,21 @@ def test_unknown_router_in_the_list_is_refused_with_the_options():
     assert "misa-x" in r.stderr and "misa-t" in r.stderr and "Traceback" not in r.stderr
 
 
+def _refused(tmp_path, arg: str, said: str) -> None:
+    """``rl.compare run_dir=... arg`` exits 2 saying ``said``, no traceback, and starts no run."""
+    run_dir = tmp_path / "cmp"
+    r = subprocess.run([sys.executable, "-m", "rl.compare", f"run_dir={run_dir}", arg],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr
+    assert "router=" not in r.stdout and not run_dir.exists()  # no run was started
+
+
 def test_one_value_where_a_list_belongs_is_refused_with_the_list_form(tmp_path):
-    for arg, said in (("routers=misa-t", "routers=misa-t: give a list in brackets, e.g. 'routers=[vllm,misa-t]'"),
-                      ('train_overrides="trainer.iterations=4"', "train_overrides=trainer.iterations=4: give a list")):
-        run_dir = tmp_path / "cmp"
-        r = subprocess.run([sys.executable, "-m", "rl.compare", f"run_dir={run_dir}", arg],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2, r.stderr
-        assert said in r.stderr and "Traceback" not in r.stderr and not run_dir.exists()
+    _refused(tmp_path, "routers=misa-t", "routers=misa-t: give a list in brackets, e.g. 'routers=[vllm,misa-t]'")
+    _refused(tmp_path, 'train_overrides="trainer.iterations=4"', "train_overrides=trainer.iterations=4: give a list")
 
 
 def test_bad_train_overrides_are_refused_before_any_run(tmp_path):
-    for overrides, said in (('train_overrides=["trainer.iteratons=3"]', "unknown config key 'trainer.iteratons'"),
-                            ('train_overrides=["trainer.iterations=abc"]', "trainer")):
-        run_dir = tmp_path / "cmp"
-        r = subprocess.run([sys.executable, "-m", "rl.compare", f"run_dir={run_dir}", overrides],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 2, r.stderr
-        assert said in r.stderr and "Traceback" not in r.stderr
-        assert "router=" not in r.stdout and not run_dir.exists()  # no run was started
+    _refused(tmp_path, 'train_overrides=["trainer.iteratons=3"]', "unknown config key 'trainer.iteratons'")
+    _refused(tmp_path, 'train_overrides=["trainer.iterations=abc"]', "trainer")
