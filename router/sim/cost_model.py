@@ -320,6 +320,47 @@ def cpu_smollm2_cost() -> LinearStepCost:
     return fit_linear_step_cost(cpu_smollm2_samples())
 
 
+def decode_ceiling(cost, kv_tokens: int, mean_context_tokens: float, max_num_seqs: int) -> tuple[float, int]:
+    """The most tokens per second one engine can decode at a given mean context per decode
+    token, with every step a decode step whose sequences fill the KV cache.
+
+    A decode step of B sequences reads their contexts, about B x ``mean_context_tokens``
+    tokens of KV, which the cache bounds: B <= ``kv_tokens`` / ``mean_context_tokens`` (and
+    ``max_num_seqs``). The rate is max over such B of B / ``cost.step_time_s(0, B, B x
+    mean_context)``: no prefill, no preemption, no idle step, the whole cache in use. Both
+    cost models give a step time linear in context at a fixed batch and the rate rises with
+    B, so for a trace whose decode tokens have this mean context (a property of the trace
+    over a long window, not of the router) it bounds what any admission or placement can
+    decode per engine: the steps must together read every decode token's context, each
+    step at most ``kv_tokens`` of it. For a MoE roofline the weights a step reads grow with
+    its batch, so a schedule of small steps over long contexts could beat it slightly; at
+    the simulated replicas' batches (60+ sequences) a step reads 97% or more of the experts
+    either way.
+
+    Args:
+        cost: a step-cost model (``step_time_s(prefill_tokens, decode_seqs, context_tokens)``).
+        kv_tokens: KV blocks x block size of the engine (tokens).
+        mean_context_tokens: mean context per decode token (tokens, > 0).
+        max_num_seqs: the engine's most running sequences.
+
+    Returns:
+        (tokens per second, the batch B that reaches it).
+
+    Raises:
+        SimError: ``kv_tokens``, ``mean_context_tokens`` or ``max_num_seqs`` not positive.
+    """
+    if not (kv_tokens > 0 and mean_context_tokens > 0 and max_num_seqs >= 1):
+        raise SimError(f"decode_ceiling needs kv_tokens, mean_context_tokens > 0 and max_num_seqs >= 1, got "
+                       f"{kv_tokens}, {mean_context_tokens}, {max_num_seqs}")
+    top = max(1, min(max_num_seqs, int(kv_tokens // mean_context_tokens)))
+    best, best_b = 0.0, 1
+    for b in range(1, top + 1):
+        rate = b / cost.step_time_s(0, b, int(round(b * mean_context_tokens)))
+        if rate > best:
+            best, best_b = rate, b
+    return best, best_b
+
+
 def kv_blocks_for(model: ModelShape, hardware: HardwareProfile, tp: int, block_size: int,
                   gpu_memory_utilization: float = 0.9) -> int:
     """KV blocks one replica holds: (tp * mem * util - weights) / (block_size * kv bytes per token).

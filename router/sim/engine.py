@@ -114,6 +114,17 @@ class EngineCounters:
     generation_tokens: int = 0
     preemptions: int = 0
     busy_s: float = 0.0
+    decode_seq_steps: int = 0
+    """Decoding sequences summed over steps: the decode tokens, without the first token a
+    prefill step emits (the simulator's own; vLLM has no such counter)."""
+    decode_context_tokens: int = 0
+    """Context tokens of the decoding sequences summed over steps (the KV a decode step
+    reads, a shared prefix once per sequence); with ``decode_seq_steps`` it gives the mean
+    context per decode token."""
+    decode_kv_tokens: int = 0
+    """KV tokens in use (blocks referenced x block size, a shared block once) summed over
+    the steps that decode: with ``decode_context_tokens`` it says how many context tokens
+    the cache holds per token of KV (prefix sharing)."""
 
 
 class Engine:
@@ -148,6 +159,8 @@ class Engine:
         self._start_s = 0.0
         self._t0_s = 0.0
         self._dt_s = 0.0
+        self._dec_ctx0 = 0  # context of the decoders at the plan's first step
+        self._kv_tokens0 = 0  # KV tokens in use then
         self.end_s = 0.0
 
     # ------------------------------------------------------------------ queueing
@@ -282,6 +295,8 @@ class Engine:
             last = ctx + self._n_dec * (steps - 1)
             dt = (self.cost.step_time_s(0, self._n_dec, last, last) - t0) / (steps - 1)
         self._plan, self._steps, self._start_s, self._t0_s, self._dt_s = plan, steps, now, t0, dt
+        self._dec_ctx0 = dec_ctx
+        self._kv_tokens0 = kv.num_used_blocks * cfg.block_size
         self.end_s = now + self._chunk_time_s(steps)
         self.busy = True
         return self.end_s
@@ -371,6 +386,10 @@ class Engine:
         steps = self._steps
         c.busy_s += now - self._start_s
         c.generation_tokens += self._n_dec * steps
+        c.decode_seq_steps += self._n_dec * steps
+        c.decode_context_tokens += self._dec_ctx0 * steps + self._n_dec * steps * (steps - 1) // 2
+        if self._n_dec:  # the cache grows by about a token per decoder and step, as the context does
+            c.decode_kv_tokens += self._kv_tokens0 * steps + self._n_dec * steps * (steps - 1) // 2
         if steps > 1:
             # blocks that fell due inside the chunk (checked to fit when it was planned)
             self._decode_blocks_due(self.clock + steps - 1)

@@ -126,7 +126,8 @@ from router.sim.trace import read_trace
 from router.sim.workload import WorkloadConfig, generate_trace, paper_classes
 
 METRICS = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s", "decode_tok_s", "tv_distance",
-           "output_tokens_per_min", "length_adjusted_samples_per_min", "decode_tokens_per_sample")
+           "output_tokens_per_min", "length_adjusted_samples_per_min", "decode_tokens_per_sample",
+           "mean_decode_context_tokens", "decode_ceiling_tok_s", "decode_ceiling_headroom")
 """Scalar metrics aggregated over seeds."""
 
 
@@ -353,7 +354,9 @@ def run_all(specs: list[RunSpec], workers: int, on_result: Callable[[int, dict],
 
 # --------------------------------------------------------------------------- aggregation
 def aggregate(results: list[dict]) -> dict[str, dict]:
-    """Mean and standard deviation over seeds of every metric, per run label."""
+    """Mean and standard deviation over seeds of every metric, per run label (of
+    :data:`METRICS`, those every run's summary has: a real engine's run, aggregated the same
+    way by ``bench.router_real``, has no ``decode_ceiling_*``)."""
     by_label: dict[str, list[dict]] = {}
     for r in results:
         by_label.setdefault(r["label"], []).append(r)
@@ -362,6 +365,8 @@ def aggregate(results: list[dict]) -> dict[str, dict]:
         row: dict[str, Any] = {"policy": rs[0]["policy"], "ceiling": rs[0]["ceiling"], "seeds": len(rs),
                                "tags": rs[0]["tags"]}
         for m in METRICS:
+            if not all(m in r["summary"] for r in rs):
+                continue
             vals = [r["summary"][m] for r in rs]
             row[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
         classes = sorted({b for r in rs for b in r["summary"]["consumed_mixture"]})
@@ -495,6 +500,33 @@ def composition_markdown(agg: dict[str, dict], order: list[str]) -> str:
                          f"{f['released_decode_tokens_per_sample']:.0f} | " + " | ".join(qs)
                          + f" | {f['output_tokens_per_min']:.0f} | {f['length_adjusted_samples_per_min']:.2f} |")
     return "\n".join(lines)
+
+
+def ceiling_markdown(agg: dict[str, dict], order: list[str]) -> str:
+    """Per run: the decode rate against the KV-bound ceiling at the run's mean decode context
+    (:func:`router.sim.metrics.decode_ceiling_figures`); the headroom is the most a router
+    could add to that run's decode rate (mean ± std over seeds, %)."""
+    lines = ["| Router | mean decode context (tokens) | decode tok/s | KV-bound ceiling tok/s | headroom |",
+             "|---|---|---|---|---|"]
+    for label in order:
+        if label not in agg:
+            continue
+        row = agg[label]
+        head = row["decode_ceiling_headroom"]
+        lines.append(f"| {label} | {row['mean_decode_context_tokens']['mean']:.0f} | {row['decode_tok_s']['mean']:.0f} "
+                     f"| {row['decode_ceiling_tok_s']['mean']:.0f} | +{100 * head['mean']:.1f}% ± {100 * head['std']:.1f} |")
+    return "\n".join(lines)
+
+
+def ceiling_headline(agg: dict[str, dict], baseline: str, baseline_name: str) -> str:
+    """``decode ceiling over vllm_router (sweep-tuned): +X.X% ± Y.Y``: how far the KV cache's
+    decode ceiling lies above what the baseline decoded, the most any router could add to its
+    output tokens/min on this trace (mean ± spread over seeds)."""
+    if baseline not in agg:
+        return f"decode ceiling over {baseline_name}: not measured"
+    head = agg[baseline]["decode_ceiling_headroom"]
+    return (f"decode ceiling over {baseline_name}: +{100 * head['mean']:.1f}% ± {100 * head['std']:.1f} "
+            "(the most a router could add to its decode rate on this trace)")
 
 
 def headline(agg: dict[str, dict], label: str, baseline: str, baseline_name: str) -> str:

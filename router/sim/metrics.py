@@ -5,7 +5,9 @@ Eq. 4), requests/min, prefix hit rate (hit / queried prompt tokens, from the eng
 counters), effective prefill tokens/s (prompt tokens of finished requests, hits
 included), decode tokens/s, consumed mixture and its total-variation distance to the
 target (D_TV = 1/2 ||p - q||_1), per-class p50/p95 unit completion time (release to
-last request done).
+last request done). Beside them, how far the engines' decode rate was from the ceiling the
+KV cache allows at the run's mean decode context (``decode_ceiling_*``: the most any router
+could add on this trace).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from router.policies.base import Policy
+from router.sim.cost_model import decode_ceiling
 from router.sim.engine import Engine, SimRequest
 from router.sim.trainer import Trainer
 
@@ -266,6 +269,31 @@ def engine_figures(sim: SimRun, c0: Sequence[tuple], c1: Sequence[tuple], window
     return out
 
 
+def decode_ceiling_figures(sim: SimRun, c0: Sequence[tuple], c1: Sequence[tuple], window_s: float) -> dict:
+    """How far the engines' decoding was over the window from their KV-bound ceiling.
+
+    ``mean_decode_context_tokens``: context per decode token (the decoding sequences' context
+    summed over steps / decode tokens, all engines); ``context_per_kv_token``: context tokens
+    of the decoders per token of KV in use on the steps that decode (above 1 where sequences
+    share prefix blocks; taken as at least 1); ``decode_ceiling_tok_s``: the sum over engines
+    of :func:`~router.sim.cost_model.decode_ceiling` at that mean context, with the cache
+    holding ``context_per_kv_token`` context tokens per KV token (tokens/s);
+    ``decode_ceiling_headroom``: the ceiling / the decode tokens/s the engines ran (decode
+    steps only) - 1, the most a router could add to this run's decode rate on this trace
+    at this run's prefix sharing (0.25 = +25%). All 0 without decode steps in the window.
+    """
+    d = [sum(b[k] - a[k] for a, b in zip(c0, c1)) for k in (7, 8, 9)]
+    seq_steps, ctx, kv_tokens = d
+    if seq_steps <= 0 or kv_tokens <= 0 or window_s <= 0:
+        return {"mean_decode_context_tokens": 0.0, "context_per_kv_token": 0.0, "decode_ceiling_tok_s": 0.0,
+                "decode_ceiling_headroom": 0.0}
+    mean_ctx, sharing = ctx / seq_steps, max(1.0, ctx / kv_tokens)
+    top = sum(decode_ceiling(e.cost, int(sharing * e.config.num_blocks * e.config.block_size), mean_ctx,
+                             e.config.max_num_seqs)[0] for e in sim.engines)
+    return {"mean_decode_context_tokens": mean_ctx, "context_per_kv_token": sharing, "decode_ceiling_tok_s": top,
+            "decode_ceiling_headroom": top / (seq_steps / window_s) - 1.0}
+
+
 def summarize(sim: SimRun, n_events: int) -> dict:
     """The run's metrics over its window [start, stop] (see module docstring)."""
     w, wc = sim._window, sim._window_counters
@@ -282,6 +310,7 @@ def summarize(sim: SimRun, n_events: int) -> dict:
     dpre = sum(b[4] - a[4] for a, b in zip(c0, c1))
     dsteps = sum(b[5] - a[5] for a, b in zip(c0, c1))
     dprefill = sum(b[6] - a[6] for a, b in zip(c0, c1))
+    ceiling = decode_ceiling_figures(sim, c0, c1, dur_s)
     fin = np.asarray(sim.log.finished_s)
     in_win = (fin >= t0) & (fin <= t1)
     prompts = np.asarray(sim.log.prompt_tokens)
@@ -319,6 +348,7 @@ def summarize(sim: SimRun, n_events: int) -> dict:
         "decode_tokens_per_sample": comp["total"]["decode_tokens_per_sample"],
         "engine_busy_frac": dbusy / (dur_s * len(sim.engines)),
         "engine_steps": step_figures(dsteps, dur_s, dbusy, dprefill, dgen),
+        **ceiling,
         "engines": engine_figures(sim, c0, c1, dur_s),
         "preemptions": int(dpre),
         "agent_tool_gap_share": gap / (gap + model) if gap + model else 0.0,

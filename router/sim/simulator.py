@@ -349,7 +349,8 @@ class Simulation:
         self._window[edge] = self.now
         self._window_counters[edge] = [
             (e.counters.prefix_queries_tokens, e.counters.prefix_hits_tokens, e.counters.generation_tokens,
-             e.counters.busy_s, e.counters.preemptions, e.clock, e.counters.prefill_computed_tokens)
+             e.counters.busy_s, e.counters.preemptions, e.clock, e.counters.prefill_computed_tokens,
+             e.counters.decode_seq_steps, e.counters.decode_context_tokens, e.counters.decode_kv_tokens)
             for e in self.engines
         ]
 

@@ -76,15 +76,20 @@ def test_table5_reports_every_baseline_the_composition_and_ends_with_the_headlin
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith("misa_t vs vllm_router (sweep-tuned): ") and "samples/min" in last
     assert "output tokens/min" in last
-    heads = p.stdout.strip().splitlines()[-4:]  # the project's own policy (issue 15) beside it,
+    heads = p.stdout.strip().splitlines()[-6:]  # the project's own policy (issue 15) beside it,
     # against the vLLM Router as vLLM's defaults leave it (least loaded) and with its prefix path
     assert [h.split(":")[0] for h in heads] == [
+        "decode ceiling over cache_aware (sweep-tuned)", "decode ceiling over vllm_router (sweep-tuned)",
         "kv_horizon vs vllm_router_least_loaded (sweep-tuned)", "misa_t vs vllm_router_least_loaded (sweep-tuned)",
         "kv_horizon vs vllm_router (sweep-tuned)", "misa_t vs vllm_router (sweep-tuned)"]
     table = next(tmp_path.glob("table5-*/table.md")).read_text()
     for b in ("vllm_router", "vllm_router_least_loaded", "cache_aware"):
         assert f"baseline: sweep-tuned {b}@" in table and f"The static-ceiling sweep of {b}\n" in table
     assert "Composition of the completed samples" in table and "| total |" in table
+    # how far each run decoded below the KV cache's ceiling, the bound on what a router can add
+    ceiling = table.split("Decode rate against the KV cache's ceiling", 1)[1]
+    assert "| kv_horizon | " in ceiling and "| misa_t | " in ceiling
+    assert "(the most a router could add to its decode rate on this trace)" in heads[1]
     # stderr is a pipe here, as a log file is: one line per finished run, no bar redraws
     assert "\r" not in p.stderr
     assert "runs done; misa_t s0:" in p.stderr

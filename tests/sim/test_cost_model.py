@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.sim.cost_model import (
+    decode_ceiling,
     HARDWARE,
     MODELS,
     LinearStepCost,
@@ -172,3 +173,21 @@ def test_saved_samples_learn_they_did_not_mix_where_their_shape_says_so():
                                   "step_time_s": 0.1}).mixed_steps is None
     assert StepSample.from_saved({"prefill_tokens": 20, "decode_seqs": 4, "context_tokens": 900,
                                   "step_time_s": 0.1, "mixed_steps": 1.0}).mixed_steps == 1.0
+
+
+def test_the_decode_ceiling_fills_the_cache_up_to_max_num_seqs():
+    # 10 ms a step + 1 ms a sequence + 1 us a context token: a step of B sequences of 1,000
+    # tokens takes 10 + 2B ms, so the rate B / (0.01 + 0.002 B) rises with B
+    cost = LinearStepCost(0.01, 0.0, 0.001, 0.000001)
+    rate, batch = decode_ceiling(cost, kv_tokens=10_000, mean_context_tokens=1000.0, max_num_seqs=256)
+    assert batch == 10 and rate == pytest.approx(10 / 0.03)  # the cache holds 10 such sequences
+    rate, batch = decode_ceiling(cost, kv_tokens=10_000, mean_context_tokens=1000.0, max_num_seqs=4)
+    assert batch == 4 and rate == pytest.approx(4 / 0.018)
+    # a context longer than the cache still counts one sequence (a step needs one)
+    assert decode_ceiling(cost, kv_tokens=500, mean_context_tokens=1000.0, max_num_seqs=8)[1] == 1
+
+
+@pytest.mark.parametrize("args", [(0, 1000.0, 8), (10_000, 0.0, 8), (10_000, 1000.0, 0)])
+def test_the_decode_ceiling_refuses_an_empty_cache_context_or_batch(args):
+    with pytest.raises(SimError, match="decode_ceiling needs"):
+        decode_ceiling(LinearStepCost(0.01, 0.0, 0.001), *args)

@@ -181,3 +181,23 @@ def test_weight_sync_clears_the_prefix_cache():
     engine.add(b)
     run_to_idle(engine)
     assert b.hit_tokens == 0
+
+
+def test_the_decode_counters_sum_each_decode_steps_context_and_kv():
+    """The step that emits token k + 1 of a 12-token prompt reads 12 + k tokens of context; a
+    shared prefix block is one block of KV but context of every sequence that reads it."""
+    engine = Engine("e", EngineConfig(num_blocks=64, block_size=BS), COST)
+    engine.add(make_req("a", 12, 5))
+    run_to_idle(engine)
+    c = engine.counters
+    assert c.decode_seq_steps == 4  # tokens 2..5; the first comes from the prefill step
+    assert c.decode_context_tokens == 13 + 14 + 15 + 16
+    assert c.decode_kv_tokens >= c.decode_context_tokens  # nothing shared: KV holds at least the context
+    shared = [hash(("s", i)) for i in range(3)]
+    engine = Engine("e", EngineConfig(num_blocks=64, block_size=BS), COST)
+    engine.add(make_req("a", 12, 5, shared + [1, 2, 3, 4, 5]))
+    engine.add(make_req("b", 12, 5, shared + [6, 7, 8, 9, 10]))
+    run_to_idle(engine)
+    c = engine.counters
+    assert c.decode_seq_steps == 8 and c.decode_context_tokens == 2 * 58
+    assert c.decode_kv_tokens < c.decode_context_tokens  # the 8 shared prompt tokens are held once

@@ -7,7 +7,7 @@ import pytest
 import router.sim  # noqa: F401  (registers the simulator's policies)
 from router.policies import make_policy
 from router.policies.base import Admit, Hold, SessionEnded
-from router.sim.cost_model import HARDWARE, MODELS, RooflineCost
+from router.sim.cost_model import HARDWARE, MODELS, RooflineCost, decode_ceiling
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
 from router.sim.simulator import SignalConfig, SimConfig, Simulation
@@ -279,6 +279,19 @@ def test_the_summary_counts_the_engines_steps_of_its_window(mini_trace):
     assert figures["ms_per_step"] == pytest.approx(1000 * d[1] / d[0])
     assert figures["prefill_tokens_per_step"] == pytest.approx(d[2] / d[0]) and d[2] > 0
     assert figures["decode_seqs_per_step"] == pytest.approx(d[3] / d[0]) and d[3] > 0
+
+
+def test_the_summary_sets_the_decode_rate_against_the_kv_bound_ceiling(mini_trace):
+    engine = EngineConfig(num_blocks=1200, block_size=64)
+    cost = RooflineCost(MODELS["qwen3.6-like"], HARDWARE["H100"], 4)
+    cfg = SimConfig(instances=2, engine=engine, cost=cost, mixture=MIX, ceiling=16, context_limit_tokens=LIMIT)
+    s = Simulation(cfg, mini_trace, make_policy("round_robin", {})).run().summary
+    ctx, sharing = s["mean_decode_context_tokens"], s["context_per_kv_token"]
+    assert 0 < ctx < LIMIT and sharing >= 1.0
+    per_engine = decode_ceiling(cost, int(sharing * 1200 * 64), ctx, engine.max_num_seqs)[0]
+    assert s["decode_ceiling_tok_s"] == pytest.approx(2 * per_engine)
+    # the engines decode below their ceiling: the window holds prefill, idle time and smaller batches
+    assert 0 < s["decode_ceiling_headroom"] and s["decode_ceiling_tok_s"] > s["decode_tok_s"]
 
 
 def test_request_overhead_delays_each_request_before_the_router():
