@@ -252,7 +252,7 @@ def test_without_a_floor_a_class_waits_behind_the_budget() -> None:
 
 
 def test_new_sessions_admitted_in_arrival_order_over_classes() -> None:
-    p = policy(class_floor_sessions=0)
+    p = policy(class_floor_sessions=0, backfill_share=0.0)
     view = cluster("w0")
     for i in range(2):
         start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
@@ -267,6 +267,70 @@ def test_new_sessions_admitted_in_arrival_order_over_classes() -> None:
     p.observe(SessionEnded("a1", 1.0))
     assert isinstance(p.decide(req("big", tokens=960), view, 1.0), Admit)
     assert isinstance(p.decide(req("small", cls="rlhf", tokens=32), view, 1.0), Admit)
+
+
+def test_a_small_session_passes_a_held_one_only_within_the_backfill_share() -> None:
+    # budget 90 blocks, backfill share 0.3 -> 27 blocks may enter past the queue at a time
+    p = policy(class_floor_sessions=0, backfill_share=0.3)
+    view = cluster("w0")
+    for i in range(2):
+        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
+    assert isinstance(p.decide(req("big", tokens=960), view, 0.0), Hold)  # 70 blocks: no room yet
+    # small rlhf sessions of 2 + 10 = 12 blocks fit the budget's 30 free blocks: two pass the
+    # held big one (24 of the 27 blocks of the share), a third would exceed the share and waits
+    for i in range(2):
+        d = p.decide(req(f"small{i}", cls="rlhf", tokens=32), view, 0.0)
+        assert d == Admit("w0", reason="backfill new")
+    d = p.decide(req("small2", cls="rlhf", tokens=32), view, 0.0)
+    assert isinstance(d, Hold) and "behind" in d.reason
+    st = p.state()
+    assert st["backfill_admissions"] == 2 and st["instances"]["w0"]["backfill_blocks"] == pytest.approx(24.0)
+    assert st["over_budget_admissions"] == 0  # a backfill never breaks Eq. 3
+    # one backfilled session ends: its share is free again, the next small one passes
+    p.observe(SessionEnded("small0", 1.0))
+    assert p.state()["instances"]["w0"]["backfill_blocks"] == pytest.approx(12.0)
+    assert p.decide(req("small2", cls="rlhf", tokens=32), view, 1.0) == Admit("w0", reason="backfill new")
+    # the held big one enters as soon as the budget has its room (70 of it; small2 reserves
+    # 12 and what it decoded), ahead of every younger one
+    for s in ("a0", "a1", "small1"):
+        p.observe(SessionEnded(s, 2.0))
+    assert p.decide(req("big", tokens=960), view, 2.0) == Admit("w0", reason="new")
+
+
+def test_a_class_passes_the_queue_only_while_it_holds_its_share_of_the_held_sessions() -> None:
+    p = policy(class_floor_sessions=0, backfill_share=1.0)
+    view = cluster("w0")
+    for i in range(2):
+        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
+    for i in range(3):  # three big agent sessions wait (70 blocks each)
+        assert isinstance(p.decide(req(f"big{i}", tokens=960), view, 0.0), Hold)
+    # seen so far: 5 agent, then 1 rlhf -> rlhf's arrival share 1/6; held with it: 1 of 4,
+    # 1/4 >= 1/6, so it may pass
+    assert p.decide(req("h0", cls="rlhf", tokens=32), view, 0.0) == Admit("w0", reason="backfill new")
+    # three more agent sessions arrive and wait (6 held); the next rlhf ones are 1 of 7 held
+    # against 2 of 10 seen, then 2 of 8 against 3 of 11: they wait their turn like the rest
+    for i in range(3, 6):
+        assert isinstance(p.decide(req(f"big{i}", tokens=960), view, 0.0), Hold)
+    for h in ("h1", "h2"):
+        d = p.decide(req(h, cls="rlhf", tokens=32), view, 0.0)
+        assert isinstance(d, Hold) and "behind" in d.reason
+    # a fourth makes the class 3 of 9 held and 4 of 12 seen (3/9 >= 4/12): it passes
+    assert p.decide(req("h3", cls="rlhf", tokens=32), view, 0.0) == Admit("w0", reason="backfill new")
+    assert p.state()["backfill_admissions"] == 2
+
+
+def test_a_backfill_never_takes_room_the_budget_does_not_have() -> None:
+    p = policy(class_floor_sessions=0, backfill_share=1.0)
+    view = cluster("w0")
+    for i in range(3):
+        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 90 of 90 blocks reserved
+    assert isinstance(p.decide(req("big", tokens=960), view, 0.0), Hold)
+    d = p.decide(req("small", cls="rlhf", tokens=32), view, 0.0)
+    assert isinstance(d, Hold) and "behind" in d.reason
+    assert p.state()["backfill_admissions"] == 0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="backfill_share"):
+            policy(backfill_share=bad)
 
 
 def test_shared_prefix_is_reserved_once_per_instance() -> None:
