@@ -579,7 +579,7 @@ class KvHorizonPolicy:
                 best, best_cost, best_need = v, cost, need
         if best is not None:
             return self._admit(rec, request, best.instance, matched, now, floor=False,
-                               backfill=best_need if behind else 0.0)
+                               backfill=best_need if behind else None)
         if floor_pick is not None:
             return self._admit(rec, request, floor_pick.instance, matched, now, floor=True)
         if behind:
@@ -592,7 +592,8 @@ class KvHorizonPolicy:
         at least its share of the new sessions seen so far among the held ones, ``rec``
         counted, H_b >= (N_b / N) H. A class whose sessions pass does not get ahead of its
         arrivals, so the admitted (and completed) mixture keeps the released one even when
-        the queue is deep (measured without this rule at trainer ceiling 512: rlhf passed
+        the queue is deep (the shares count from the policy's start: after a workload shift
+        they follow the new mix only slowly) (measured without this rule at trainer ceiling 512: rlhf passed
         freely and the consumed mixture moved 3.7 points from the target)."""
         b = rec.workload_class
         extra = 0 if rec.state == _HELD else 1
@@ -606,10 +607,9 @@ class KvHorizonPolicy:
         return None
 
     def _admit(self, rec: _Session, request: Request, instance: str, matched: dict[str, int], now: float,
-               floor: bool, backfill: float = 0.0) -> Admit:
-        if rec.state == _HELD:
-            del self.held[rec.session_id]
-            _bump(self._held_by_class, rec.workload_class, -1)
+               floor: bool, backfill: float | None = None) -> Admit:
+        """Bind ``rec`` to ``instance``; ``backfill``: the k~_new it passed the queue with (None: it did not)."""
+        self._unhold(rec)
         load = self._load(instance)
         bs = self._bs(instance)
         rec.state, rec.instance, rec.held_since_s, rec.floor = _BOUND, instance, None, floor
@@ -622,7 +622,7 @@ class KvHorizonPolicy:
         if floor:
             _bump(load.floor_by_class, rec.workload_class, 1)
             self.counters["floor_admissions"] += 1
-        if backfill > 0:
+        if backfill is not None:
             rec.backfill_blocks = backfill
             load.backfill_blocks += backfill
             self.counters["backfill_admissions"] += 1
@@ -634,8 +634,14 @@ class KvHorizonPolicy:
         if floor and self.reserved_blocks(instance, now) > self.budget_blocks(instance):
             self.counters["over_budget_admissions"] += 1  # the only admissions that break Eq. 3
         self.stats.admits += 1
-        return Admit(instance, reason=("floor " if floor else "backfill " if backfill > 0 else "")
+        return Admit(instance, reason=("floor " if floor else "backfill " if backfill is not None else "")
                      + ("rebound" if rec.rebound else "new"))
+
+    def _unhold(self, rec: _Session) -> None:
+        """``rec`` leaves the queue of held new sessions (admitted, or ended), if it is in it."""
+        if rec.state == _HELD:
+            del self.held[rec.session_id]
+            _bump(self._held_by_class, rec.workload_class, -1)
 
     def _hold(self, rec: _Session, now: float, recheck_s: float, reason: str, counter: str | None) -> Hold:
         if rec.state != _HELD:
@@ -733,9 +739,7 @@ class KvHorizonPolicy:
         self._last_prompt.pop(session_id, None)
         if rec is None:
             return
-        if rec.state == _HELD:
-            del self.held[session_id]
-            _bump(self._held_by_class, rec.workload_class, -1)
+        self._unhold(rec)
         self._unbind(rec)
         self._idle.pop(session_id, None)
 

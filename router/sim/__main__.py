@@ -34,8 +34,8 @@ from router.sim.experiments import (
     aggregate,
     aggregate_phases,
     best_sweep_label,
-    ceiling_headline,
-    ceiling_markdown,
+    decode_ceiling_headline,
+    decode_ceiling_markdown,
     check_policy_params,
     composition_markdown,
     dump_json,
@@ -315,11 +315,11 @@ class Experiment:
             + composition_markdown(agg, order),
             *(table5_markdown(agg, best[b], sweeps[b], f"The static-ceiling sweep of {b}") for b in TABLE5_BASELINES),
             "Decode rate against the KV cache's ceiling at each run's mean decode context (the headroom: "
-            "the most any router could add to that run's decode rate)\n\n" + ceiling_markdown(agg, order),
+            "about the most a router could add to that run's decode rate)\n\n" + decode_ceiling_markdown(agg, order),
         ])
         # against the vLLM Router as vLLM's defaults leave it first, then with its prefix path;
         # the project's own policy (issue 15) before the paper's misa_t; misa_t vs vllm_router last
-        head = "\n".join([*(ceiling_headline(agg, best[b], f"{b} (sweep-tuned)") for b in ("cache_aware", "vllm_router")),
+        head = "\n".join([*(decode_ceiling_headline(agg, best[b], f"{b} (sweep-tuned)") for b in ("cache_aware", "vllm_router")),
                           *(headline(agg, p, best[b], f"{b} (sweep-tuned)")
                             for b in ("vllm_router_least_loaded", "vllm_router") for p in ("kv_horizon", "misa_t"))])
         self.write(results, agg, table + "\n\n" + head,
@@ -465,7 +465,7 @@ class Experiment:
         results = self.run([self.spec(pol, pol, ceil, s) for s in self.seeds], f"run {pol}")
         agg = aggregate(results)
         table = "\n\n".join([table5_markdown(agg, pol, [pol], f"{pol} at ceiling {ceil} ({self.title})"),
-                               per_class_markdown(agg, [pol]), ceiling_markdown(agg, [pol])])
+                               per_class_markdown(agg, [pol]), decode_ceiling_markdown(agg, [pol])])
         self.write(results, agg, table)
         tls = self.timelines(results, [pol])
         if pol in tls:

@@ -338,16 +338,18 @@ def decode_ceiling(cost, kv_tokens: int, mean_context_tokens: float, max_num_seq
     either way.
 
     Args:
-        cost: a step-cost model (``step_time_s(prefill_tokens, decode_seqs, context_tokens)``).
+        cost: a step-cost model, :class:`RooflineCost` or :class:`LinearStepCost` (anything with
+            ``step_time_s(prefill_tokens, decode_seqs, context_tokens) -> seconds``).
         kv_tokens: KV blocks x block size of the engine (tokens).
         mean_context_tokens: mean context per decode token (tokens, > 0).
-        max_num_seqs: the engine's most running sequences.
+        max_num_seqs: the engine's most running sequences (sequences, >= 1).
 
     Returns:
-        (tokens per second, the batch B that reaches it).
+        (tokens per second, the batch B that reaches it, in sequences).
 
     Raises:
-        SimError: ``kv_tokens``, ``mean_context_tokens`` or ``max_num_seqs`` not positive.
+        SimError: ``kv_tokens``, ``mean_context_tokens`` or ``max_num_seqs`` not positive, or a
+            cost model that gives a decode step no time.
     """
     if not (kv_tokens > 0 and mean_context_tokens > 0 and max_num_seqs >= 1):
         raise SimError(f"decode_ceiling needs kv_tokens, mean_context_tokens > 0 and max_num_seqs >= 1, got "
@@ -355,7 +357,11 @@ def decode_ceiling(cost, kv_tokens: int, mean_context_tokens: float, max_num_seq
     top = max(1, min(max_num_seqs, int(kv_tokens // mean_context_tokens)))
     best, best_b = 0.0, 1
     for b in range(1, top + 1):
-        rate = b / cost.step_time_s(0, b, int(round(b * mean_context_tokens)))
+        step_s = cost.step_time_s(0, b, int(round(b * mean_context_tokens)))
+        if not step_s > 0:
+            raise SimError(f"decode_ceiling: the step-cost model gives a decode step of {b} sequences "
+                           f"{step_s!r} s; it needs a positive time")
+        rate = b / step_s
         if rate > best:
             best, best_b = rate, b
     return best, best_b

@@ -122,9 +122,11 @@ class EngineCounters:
     reads, a shared prefix once per sequence); with ``decode_seq_steps`` it gives the mean
     context per decode token."""
     decode_kv_tokens: int = 0
-    """KV tokens in use (blocks referenced x block size, a shared block once) summed over
-    the steps that decode: with ``decode_context_tokens`` it says how many context tokens
-    the cache holds per token of KV (prefix sharing)."""
+    """KV tokens of the decoders (blocks referenced, a shared block once, less the blocks of
+    requests still in prefill, x block size) summed over the steps that decode: with
+    ``decode_context_tokens`` it says how many context tokens the cache holds per token of KV
+    (prefix sharing). A prefilling request's block shared with a decoder is subtracted too,
+    so the sharing it gives errs high, never low."""
 
 
 class Engine:
@@ -296,7 +298,9 @@ class Engine:
             dt = (self.cost.step_time_s(0, self._n_dec, last, last) - t0) / (steps - 1)
         self._plan, self._steps, self._start_s, self._t0_s, self._dt_s = plan, steps, now, t0, dt
         self._dec_ctx0 = dec_ctx
-        self._kv_tokens0 = kv.num_used_blocks * cfg.block_size
+        if self._n_dec:  # the decoders' KV: blocks in use less those of requests in prefill
+            prefill_blocks = sum(r.holding.num_blocks for r in self.prefilling)
+            self._kv_tokens0 = max(0, kv.num_used_blocks - prefill_blocks) * cfg.block_size
         self.end_s = now + self._chunk_time_s(steps)
         self.busy = True
         return self.end_s

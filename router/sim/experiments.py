@@ -121,13 +121,14 @@ from router.policies import make_policy, policy_config_fields
 from router.sim.cost_model import HARDWARE, MODELS, RooflineCost, kv_blocks_for
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
+from router.sim.metrics import DECODE_CEILING_METRICS
 from router.sim.simulator import SignalConfig, SimConfig, Simulation, WorkloadShift
 from router.sim.trace import read_trace
 from router.sim.workload import WorkloadConfig, generate_trace, paper_classes
 
 METRICS = ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s", "decode_tok_s", "tv_distance",
            "output_tokens_per_min", "length_adjusted_samples_per_min", "decode_tokens_per_sample",
-           "mean_decode_context_tokens", "decode_ceiling_tok_s", "decode_ceiling_headroom")
+           *DECODE_CEILING_METRICS)
 """Scalar metrics aggregated over seeds."""
 
 
@@ -354,9 +355,14 @@ def run_all(specs: list[RunSpec], workers: int, on_result: Callable[[int, dict],
 
 # --------------------------------------------------------------------------- aggregation
 def aggregate(results: list[dict]) -> dict[str, dict]:
-    """Mean and standard deviation over seeds of every metric, per run label (of
-    :data:`METRICS`, those every run's summary has: a real engine's run, aggregated the same
-    way by ``bench.router_real``, has no ``decode_ceiling_*``)."""
+    """Mean and standard deviation over seeds of every metric of :data:`METRICS`, per run
+    label; the decode-ceiling figures only where every run of the label has them (a real
+    engine's run, which ``bench.router_real`` aggregates the same way, has none, nor does a
+    simulated window without a decode step).
+
+    Raises:
+        KeyError: a run's summary lacks another metric.
+    """
     by_label: dict[str, list[dict]] = {}
     for r in results:
         by_label.setdefault(r["label"], []).append(r)
@@ -365,7 +371,7 @@ def aggregate(results: list[dict]) -> dict[str, dict]:
         row: dict[str, Any] = {"policy": rs[0]["policy"], "ceiling": rs[0]["ceiling"], "seeds": len(rs),
                                "tags": rs[0]["tags"]}
         for m in METRICS:
-            if not all(m in r["summary"] for r in rs):
+            if m in DECODE_CEILING_METRICS and not all(m in r["summary"] for r in rs):
                 continue
             vals = [r["summary"][m] for r in rs]
             row[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
@@ -502,31 +508,32 @@ def composition_markdown(agg: dict[str, dict], order: list[str]) -> str:
     return "\n".join(lines)
 
 
-def ceiling_markdown(agg: dict[str, dict], order: list[str]) -> str:
-    """Per run: the decode rate against the KV-bound ceiling at the run's mean decode context
-    (:func:`router.sim.metrics.decode_ceiling_figures`); the headroom is the most a router
-    could add to that run's decode rate (mean ± std over seeds, %)."""
-    lines = ["| Router | mean decode context (tokens) | decode tok/s | KV-bound ceiling tok/s | headroom |",
+def decode_ceiling_markdown(agg: dict[str, dict], order: list[str]) -> str:
+    """Per run: its decode rate against the KV-bound decode ceiling at its mean decode context
+    (:func:`router.sim.metrics.decode_ceiling_figures`); the headroom estimates the most a
+    router could add to that run's decode rate (mean ± std over seeds, %). Runs without the
+    figures are left out."""
+    lines = ["| Router | mean decode context (tokens) | decode-step tok/s | decode ceiling tok/s | headroom |",
              "|---|---|---|---|---|"]
     for label in order:
-        if label not in agg:
+        row = agg.get(label, {})
+        if "decode_ceiling_headroom" not in row:
             continue
-        row = agg[label]
         head = row["decode_ceiling_headroom"]
-        lines.append(f"| {label} | {row['mean_decode_context_tokens']['mean']:.0f} | {row['decode_tok_s']['mean']:.0f} "
-                     f"| {row['decode_ceiling_tok_s']['mean']:.0f} | +{100 * head['mean']:.1f}% ± {100 * head['std']:.1f} |")
+        lines.append(f"| {label} | {row['mean_decode_context_tokens']['mean']:.0f} | {row['decode_step_tok_s']['mean']:.0f} "
+                     f"| {row['decode_ceiling_tok_s']['mean']:.0f} | {100 * head['mean']:+.1f}% ± {100 * head['std']:.1f} |")
     return "\n".join(lines)
 
 
-def ceiling_headline(agg: dict[str, dict], baseline: str, baseline_name: str) -> str:
-    """``decode ceiling over vllm_router (sweep-tuned): +X.X% ± Y.Y``: how far the KV cache's
-    decode ceiling lies above what the baseline decoded, the most any router could add to its
-    output tokens/min on this trace (mean ± spread over seeds)."""
-    if baseline not in agg:
+def decode_ceiling_headline(agg: dict[str, dict], baseline: str, baseline_name: str) -> str:
+    """``decode ceiling over vllm_router (sweep-tuned): +X.X% ± Y.Y ...``: how far the KV
+    cache's decode ceiling lies above what the baseline decoded, an estimate of the most a
+    router could add to its output tokens/min on this trace (mean ± spread over seeds)."""
+    if "decode_ceiling_headroom" not in agg.get(baseline, {}):
         return f"decode ceiling over {baseline_name}: not measured"
     head = agg[baseline]["decode_ceiling_headroom"]
-    return (f"decode ceiling over {baseline_name}: +{100 * head['mean']:.1f}% ± {100 * head['std']:.1f} "
-            "(the most a router could add to its decode rate on this trace)")
+    return (f"decode ceiling over {baseline_name}: {100 * head['mean']:+.1f}% ± {100 * head['std']:.1f} "
+            "(about the most a router could add to its decode rate on this trace)")
 
 
 def headline(agg: dict[str, dict], label: str, baseline: str, baseline_name: str) -> str:

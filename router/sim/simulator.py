@@ -73,7 +73,7 @@ from router.sim.block_hashes import SessionChain
 from router.sim.prompt_text import PromptTexts
 from router.sim.engine import Engine, EngineConfig, SimRequest
 from router.sim.errors import SimError
-from router.sim.metrics import RequestLog, summarize
+from router.sim.metrics import RequestLog, engine_snapshot, summarize
 from router.sim.trace import TraceSession
 from router.sim.trainer import Trainer
 
@@ -347,12 +347,7 @@ class Simulation:
 
     def _mark_window(self, edge: str) -> None:
         self._window[edge] = self.now
-        self._window_counters[edge] = [
-            (e.counters.prefix_queries_tokens, e.counters.prefix_hits_tokens, e.counters.generation_tokens,
-             e.counters.busy_s, e.counters.preemptions, e.clock, e.counters.prefill_computed_tokens,
-             e.counters.decode_seq_steps, e.counters.decode_context_tokens, e.counters.decode_kv_tokens)
-            for e in self.engines
-        ]
+        self._window_counters[edge] = [engine_snapshot(e) for e in self.engines]
 
     def _key(self, name: str) -> int:
         k = self._keys.get(name)

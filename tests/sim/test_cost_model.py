@@ -191,3 +191,5 @@ def test_the_decode_ceiling_fills_the_cache_up_to_max_num_seqs():
 def test_the_decode_ceiling_refuses_an_empty_cache_context_or_batch(args):
     with pytest.raises(SimError, match="decode_ceiling needs"):
         decode_ceiling(LinearStepCost(0.01, 0.0, 0.001), *args)
+    with pytest.raises(SimError, match="needs a positive time"):  # a profile of all zeros
+        decode_ceiling(LinearStepCost(0.0, 0.0, 0.0), 10_000, 1000.0, 8)

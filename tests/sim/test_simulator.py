@@ -291,7 +291,27 @@ def test_the_summary_sets_the_decode_rate_against_the_kv_bound_ceiling(mini_trac
     per_engine = decode_ceiling(cost, int(sharing * 1200 * 64), ctx, engine.max_num_seqs)[0]
     assert s["decode_ceiling_tok_s"] == pytest.approx(2 * per_engine)
     # the engines decode below their ceiling: the window holds prefill, idle time and smaller batches
-    assert 0 < s["decode_ceiling_headroom"] and s["decode_ceiling_tok_s"] > s["decode_tok_s"]
+    assert 0 < s["decode_step_tok_s"] <= s["decode_tok_s"]  # the latter counts prefill steps' first tokens
+    assert s["decode_ceiling_headroom"] == pytest.approx(s["decode_ceiling_tok_s"] / s["decode_step_tok_s"] - 1)
+    assert s["decode_ceiling_headroom"] > 0
+
+
+def test_a_window_without_decode_steps_has_no_ceiling_figures_and_seeds_aggregate_without_them():
+    from router.sim.experiments import aggregate
+    from router.sim.metrics import ZERO_SNAPSHOT, decode_ceiling_figures
+
+    assert decode_ceiling_figures(None, [ZERO_SNAPSHOT], [ZERO_SNAPSHOT], 60.0) == {}
+    base = {m: 1.0 for m in ("samples_per_min", "requests_per_min", "prefix_hit_rate", "prefill_tok_s",
+                             "decode_tok_s", "tv_distance", "output_tokens_per_min",
+                             "length_adjusted_samples_per_min", "decode_tokens_per_sample")}
+    base.update(consumed_mixture={}, completion_s={}, preemptions=0)
+    runs = [{"label": "x", "policy": "p", "ceiling": 1, "tags": {}, "summary": dict(base)} for _ in range(2)]
+    runs[0]["summary"].update(decode_ceiling_headroom=0.2)  # one seed has it, the other not: left out
+    agg = aggregate(runs)["x"]
+    assert "decode_ceiling_headroom" not in agg and agg["samples_per_min"]["mean"] == 1.0
+    del runs[1]["summary"]["samples_per_min"]  # any other metric missing is an error, not skipped
+    with pytest.raises(KeyError, match="samples_per_min"):
+        aggregate(runs)
 
 
 def test_request_overhead_delays_each_request_before_the_router():
