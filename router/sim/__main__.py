@@ -314,8 +314,7 @@ class Experiment:
             "Composition of the completed samples against the released ones (output tokens)\n\n"
             + composition_markdown(agg, order),
             *(table5_markdown(agg, best[b], sweeps[b], f"The static-ceiling sweep of {b}") for b in TABLE5_BASELINES),
-            "Decode rate against the KV cache's ceiling at each run's mean decode context (the headroom: "
-            "about the most a router could add to that run's decode rate)\n\n" + decode_ceiling_markdown(agg, order),
+            decode_ceiling_markdown(agg, order),
         ])
         # against the vLLM Router as vLLM's defaults leave it first, then with its prefix path;
         # the project's own policy (issue 15) before the paper's misa_t; misa_t vs vllm_router last

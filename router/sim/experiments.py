@@ -509,11 +509,13 @@ def composition_markdown(agg: dict[str, dict], order: list[str]) -> str:
 
 
 def decode_ceiling_markdown(agg: dict[str, dict], order: list[str]) -> str:
-    """Per run: its decode rate against the KV-bound decode ceiling at its mean decode context
-    (:func:`router.sim.metrics.decode_ceiling_figures`); the headroom estimates the most a
-    router could add to that run's decode rate (mean ± std over seeds, %). Runs without the
-    figures are left out."""
-    lines = ["| Router | mean decode context (tokens) | decode-step tok/s | decode ceiling tok/s | headroom |",
+    """A captioned table, per run: its decode rate against the KV-bound decode ceiling at its
+    mean decode context (:func:`router.sim.metrics.decode_ceiling_figures`); the headroom
+    estimates the most a router could add to that run's decode rate (mean ± std over seeds,
+    %). Runs without the figures are left out."""
+    lines = ["Decode rate against the KV cache's ceiling at each run's mean decode context (the headroom: "
+             "about the most a router could add to its decode rate)", "",
+             "| Router | mean decode context (tokens) | decode-step tok/s | decode ceiling tok/s | headroom |",
              "|---|---|---|---|---|"]
     for label in order:
         row = agg.get(label, {})

@@ -327,6 +327,9 @@ class Simulation:
         self.timeline.append(self.log.timeline_sample(self))
         summary = summarize(self, n_events)
         summary["policy_errors"] = dict(self.policy_errors.counts)
+        # the policy's own counts at the end (kv_horizon's backfill_admissions, holds, ...)
+        summary["policy_counters"] = {k: v for k, v in self.policy.state().items()
+                                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return SimResult(summary, self.timeline)
 
     # ------------------------------------------------------------------ trainer

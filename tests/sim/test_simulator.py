@@ -294,6 +294,15 @@ def test_the_summary_sets_the_decode_rate_against_the_kv_bound_ceiling(mini_trac
     assert 0 < s["decode_step_tok_s"] <= s["decode_tok_s"]  # the latter counts prefill steps' first tokens
     assert s["decode_ceiling_headroom"] == pytest.approx(s["decode_ceiling_tok_s"] / s["decode_step_tok_s"] - 1)
     assert s["decode_ceiling_headroom"] > 0
+    # and the policy's own counts at the end, numbers only
+    assert s["policy_counters"] and all(isinstance(v, (int, float)) for v in s["policy_counters"].values())
+
+
+def test_a_kv_horizon_run_reports_its_backfill_admissions(mini_trace):
+    s = run(mini_trace, "kv_horizon", 48, {"backfill_share": 0.2, "footprint_prior_tokens": 4096}, num_blocks=600)
+    counters = s["policy_counters"]
+    assert counters["backfill_admissions"] > 0 and counters["holds_queue"] > 0
+    assert counters["over_budget_admissions"] <= counters["floor_admissions"]  # a backfill never breaks Eq. 3
 
 
 def test_a_window_without_decode_steps_has_no_ceiling_figures_and_seeds_aggregate_without_them():
