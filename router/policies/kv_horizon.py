@@ -51,9 +51,10 @@ the trainer released them; a held session holds every younger new one), so no cl
 starved by another's demand. With ``backfill_share`` > 0 (off by default) a younger one may
 pass a held one into room the held one cannot use yet, within that share of the instance's
 budget and while its class is not ahead of its arrivals (backfilling: a small RLHF sample
-need not wait behind a large session), counted in ``state()["backfill_admissions"]``. A *class floor* guarantees each class ``class_floor_sessions``
-protected sessions per instance even when the budget is full: such a session may pass the
-queue and exceed R_w <= U_w num_blocks; these are the only admissions that break Eq. 3,
+need not wait behind a large session), counted in ``state()["backfill_admissions"]``. A
+*class floor* guarantees each class ``class_floor_sessions`` protected sessions per instance
+even when the budget is full: such a session may pass the queue and exceed R_w <= U_w
+num_blocks; these are the only admissions that break Eq. 3,
 at most ``class_floor_sessions`` per class and instance at a time, counted in
 ``state()["floor_admissions"]``.
 
@@ -592,9 +593,9 @@ class KvHorizonPolicy:
         at least its share of the new sessions seen so far among the held ones, ``rec``
         counted, H_b >= (N_b / N) H. A class whose sessions pass does not get ahead of its
         arrivals, so the admitted (and completed) mixture keeps the released one even when
-        the queue is deep (the shares count from the policy's start: after a workload shift
-        they follow the new mix only slowly) (measured without this rule at trainer ceiling 512: rlhf passed
-        freely and the consumed mixture moved 3.7 points from the target)."""
+        the queue is deep; without this rule, at trainer ceiling 512 rlhf passed freely and the
+        consumed mixture moved 3.7 points from the target. The shares count from the policy's
+        start, so after a workload shift they follow the new mix only slowly."""
         b = rec.workload_class
         extra = 0 if rec.state == _HELD else 1
         held_b, held = self._held_by_class.get(b, 0) + extra, len(self.held) + extra

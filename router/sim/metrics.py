@@ -6,8 +6,8 @@ counters), effective prefill tokens/s (prompt tokens of finished requests, hits
 included), decode tokens/s, consumed mixture and its total-variation distance to the
 target (D_TV = 1/2 ||p - q||_1), per-class p50/p95 unit completion time (release to
 last request done). Beside them, how far the engines' decode rate was from the ceiling the
-KV cache allows at the run's mean decode context (``decode_ceiling_*``: the most any router
-could add on this trace).
+KV cache allows at the run's mean decode context (``decode_ceiling_*``: about the most a
+router could add on this trace).
 """
 
 from __future__ import annotations
@@ -282,7 +282,8 @@ def step_figures(steps: float, window_s: float, step_s: float, prefill_tokens: f
             "decode_seqs_per_step": generated / steps if steps else 0.0}
 
 
-def engine_figures(sim: SimRun, c0: Sequence[tuple], c1: Sequence[tuple], window_s: float) -> list[dict]:
+def engine_figures(sim: SimRun, c0: Sequence[EngineSnapshot], c1: Sequence[EngineSnapshot],
+                   window_s: float) -> list[dict]:
     """Per engine, in ``sim.engines``' order: its steps over the window as :func:`step_figures`
     gives them for one engine, ``busy_frac`` (share of the window in steps), and over the
     whole run its finished ``requests`` with their mean ``request_queue_s``,

@@ -251,14 +251,20 @@ def test_without_a_floor_a_class_waits_behind_the_budget() -> None:
     assert isinstance(p.decide(req("h0", cls="rlhf", tokens=320), view, 0.0), Hold)
 
 
-def test_new_sessions_admitted_in_arrival_order_over_classes() -> None:
-    p = policy(class_floor_sessions=0, backfill_share=0.0)
+def two_running_and_a_big_one_held(backfill_share: float):
+    """w0 with two agent sessions of 30 blocks (60 of the 90-block budget) and a big agent
+    session (60 prompt blocks + 10 growth) held: it does not fit."""
+    p = policy(class_floor_sessions=0, backfill_share=backfill_share)
     view = cluster("w0")
     for i in range(2):
-        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
-    # a big agent session (60 blocks + 10) does not fit and waits; a small rlhf one that
-    # would fit (2 + 10) must not pass it
+        start(p, req(f"a{i}", tokens=320), view, 0.0)
     assert isinstance(p.decide(req("big", tokens=960), view, 0.0), Hold)
+    return p, view
+
+
+def test_new_sessions_admitted_in_arrival_order_over_classes() -> None:
+    p, view = two_running_and_a_big_one_held(backfill_share=0.0)
+    # a small rlhf one that would fit (2 + 10) must not pass the held big one
     d = p.decide(req("small", cls="rlhf", tokens=32), view, 0.0)
     assert isinstance(d, Hold) and "behind" in d.reason
     # one session ends: the big one enters first, then the small one
@@ -271,11 +277,7 @@ def test_new_sessions_admitted_in_arrival_order_over_classes() -> None:
 
 def test_a_small_session_passes_a_held_one_only_within_the_backfill_share() -> None:
     # budget 90 blocks, backfill share 0.3 -> 27 blocks may enter past the queue at a time
-    p = policy(class_floor_sessions=0, backfill_share=0.3)
-    view = cluster("w0")
-    for i in range(2):
-        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
-    assert isinstance(p.decide(req("big", tokens=960), view, 0.0), Hold)  # 70 blocks: no room yet
+    p, view = two_running_and_a_big_one_held(backfill_share=0.3)
     # small rlhf sessions of 2 + 10 = 12 blocks fit the budget's 30 free blocks: two pass the
     # held big one (24 of the 27 blocks of the share), a third would exceed the share and waits
     for i in range(2):
@@ -298,11 +300,8 @@ def test_a_small_session_passes_a_held_one_only_within_the_backfill_share() -> N
 
 
 def test_a_class_passes_the_queue_only_while_it_holds_its_share_of_the_held_sessions() -> None:
-    p = policy(class_floor_sessions=0, backfill_share=1.0)
-    view = cluster("w0")
-    for i in range(2):
-        start(p, req(f"a{i}", tokens=320), view, 0.0)  # 60 of 90 blocks reserved
-    for i in range(3):  # three big agent sessions wait (70 blocks each)
+    p, view = two_running_and_a_big_one_held(backfill_share=1.0)
+    for i in range(1, 3):  # three big agent sessions wait (70 blocks each)
         assert isinstance(p.decide(req(f"big{i}", tokens=960), view, 0.0), Hold)
     # seen so far: 5 agent, then 1 rlhf -> rlhf's arrival share 1/6; held with it: 1 of 4,
     # 1/4 >= 1/6, so it may pass
