@@ -39,7 +39,8 @@ from omegaconf import DictConfig
 
 from common.process import ManagedProcess, ProcessStartError, free_port, wait_all_healthy
 from common.urls import engine_urls_problem, kv_event_endpoints_problem
-from rollout.leftovers import POOL_PREFIX, mark_owner, sweep_leftovers
+from rollout.leftovers import (POOL_PREFIX, SHM_DIR, files_in_use, group_pids, mark_owner,
+                               sweep_leftovers)
 
 
 class EngineError(RuntimeError):
@@ -382,10 +383,14 @@ class EnginePool:
     def stop(self) -> None:
         """Stop every engine this pool launched (in parallel), then remove what they left in
         /dev/shm (:func:`rollout.leftovers.sweep_leftovers`, its rules: only segments nobody
-        maps or holds open, older than a minute): an engine stopped by its job can leave its
-        ring buffers (160-250 MB each; a full ``make test`` left two), which the sweep at the
-        next pool start would only catch if there were one."""
+        maps or holds open; older than a minute, or held by these engines just before the
+        stop): an engine stopped by its job can leave its ring buffers (160-250 MB each; a
+        full ``make test`` left two, a ``make run`` one written until its end), which the
+        sweep at the next pool start would only catch if there were one."""
         procs = [h.process for h in self.handles if h.process is not None]
+        held: set[tuple[int, int]] = set()
+        if procs and SHM_DIR.is_dir():
+            held = files_in_use(SHM_DIR, group_pids(p.pid for p in procs if p.alive()))
         if procs:
             with ThreadPoolExecutor(len(procs)) as ex:
                 list(ex.map(lambda p: p.stop(), procs))
@@ -393,7 +398,7 @@ class EnginePool:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
         if procs:
-            sweep_leftovers()
+            sweep_leftovers(released=held)
 
     def __enter__(self) -> "EnginePool":
         return self

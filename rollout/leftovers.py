@@ -18,6 +18,10 @@ living process uses:
   (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``, compared by inode: ``files_in_use``); a
   segment nobody maps can no longer be reached by anyone but a process that would attach by
   name later, which vLLM's never do;
+- at a pool's stop, the segments its own engines had mapped or open just before they were
+  stopped (``files_in_use`` of the engines' process groups, ``group_pids``) skip the age
+  rule: a ring buffer is written until its engine ends, so it is always younger than a
+  minute then (a ``make run`` left one of 160 MB that way); the other rules hold;
 - a pool temp folder is removed only if the process that made it (``OWNER_FILE``: its pid
   and start time, so a reused pid does not count) is gone; a folder without that file is
   left alone.
@@ -33,6 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Collection, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,8 @@ class Swept:
     shm_files: int = 0
     shm_bytes: int = 0
     pool_folders: int = 0
+    of_stopped_engines: int = 0
+    """Of ``shm_files``, those the stopping pool's own engines held (``released``)."""
 
     def __bool__(self) -> bool:
         return bool(self.shm_files or self.pool_folders)
@@ -78,11 +85,25 @@ def _owner_alive(folder: Path) -> bool:
         return True
 
 
-def files_in_use(under: Path) -> set[tuple[int, int]]:
-    """The files on ``under``'s file system that some process has mapped or open, as
-    ``(st_dev, st_ino)`` pairs (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``; the processes
-    this user may not read are skipped: they cannot open this user's ``0600`` segments
-    either).
+def group_pids(pgids: Iterable[int]) -> set[int]:
+    """The pids of the living processes whose process group is one of ``pgids`` (field 5 of
+    ``/proc/<pid>/stat``): an engine and the workers it spawned."""
+    wanted, found = set(pgids), set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if int((proc / "stat").read_text().rpartition(")")[2].split()[2]) in wanted:
+                    found.add(int(proc.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def files_in_use(under: Path, pids: Iterable[int] | None = None) -> set[tuple[int, int]]:
+    """The files on ``under``'s file system that some process (of ``pids``; None: any) has
+    mapped or open, as ``(st_dev, st_ino)`` pairs (``/proc/<pid>/maps`` and
+    ``/proc/<pid>/fd``; the processes this user may not read are skipped: they cannot open
+    this user's ``0600`` segments either).
 
     By inode, not by name: glibc's ``sem_open`` maps a temporary file, links it to the
     semaphore's name and unlinks the temporary one, so the maps line of a live named
@@ -92,7 +113,8 @@ def files_in_use(under: Path) -> set[tuple[int, int]]:
     device = under.stat().st_dev
     prefix = str(under).rstrip("/") + "/"
     used: set[tuple[int, int]] = set()
-    for proc in Path("/proc").iterdir():
+    procs = (Path(f"/proc/{pid}") for pid in pids) if pids is not None else Path("/proc").iterdir()
+    for proc in procs:
         if not proc.name.isdigit():
             continue
         try:
@@ -114,19 +136,23 @@ def files_in_use(under: Path) -> set[tuple[int, int]]:
 
 
 def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
-                    min_age_s: float = MIN_AGE_S) -> Swept:
-    """Remove the shared-memory files and pool temp folders killed jobs left (module
-    docstring: the rules); one log line when anything was removed.
+                    min_age_s: float = MIN_AGE_S,
+                    released: Collection[tuple[int, int]] = frozenset()) -> Swept:
+    """Remove the shared-memory files and pool temp folders killed jobs (and stopped engines)
+    left (module docstring: the rules); one log line when anything was removed.
 
     Args:
         shm_dir: the shared-memory folder (``/dev/shm``).
         temp_dir: where pool temp folders are made (None: the system temp folder).
         min_age_s: a shared-memory file modified more recently is kept, seconds.
+        released: ``(st_dev, st_ino)`` of the segments the engines just stopped held
+            (``files_in_use`` of their ``group_pids`` before the stop): exempt from the age
+            rule, still kept while any process maps or holds them.
 
     Returns:
         what was removed. A file or folder that cannot be removed is skipped, never raised.
     """
-    files, size, folders = 0, 0, 0
+    files, size, folders, own = 0, 0, 0, 0
     if shm_dir.is_dir():
         candidates = [p for pattern in SHM_PATTERNS for p in shm_dir.glob(pattern)]
         if candidates:
@@ -135,20 +161,24 @@ def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
             for p in candidates:
                 try:
                     st = p.lstat()  # a link is no regular file here: never followed
-                    if (st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode)
-                            or now - st.st_mtime < min_age_s
-                            or (st.st_dev, st.st_ino) in used):
+                    key = (st.st_dev, st.st_ino)
+                    if (st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or key in used
+                            or (key not in released and now - st.st_mtime < min_age_s)):
                         continue
                     p.unlink()
                 except OSError:
                     continue
-                files, size = files + 1, size + st.st_size
+                files, size, own = files + 1, size + st.st_size, own + (key in released)
     for folder in Path(temp_dir or tempfile.gettempdir()).glob(POOL_PREFIX + "*"):
         if folder.is_dir() and not folder.is_symlink() and not _owner_alive(folder):
             shutil.rmtree(folder, ignore_errors=True)
             folders += 1
-    swept = Swept(files, size, folders)
+    swept = Swept(files, size, folders, own)
     if swept:
-        log.info("removed what killed runs left: %d shared-memory file(s) in %s (%.2f GB), "
-                 "%d engine temp folder(s)", files, shm_dir, size / 1e9, folders)
+        parts = [f"{own} shared-memory file(s) the stopped engines left"] if own else []
+        if files > own:
+            parts.append(f"{files - own} shared-memory file(s) earlier runs left")
+        if folders:
+            parts.append(f"{folders} engine temp folder(s) of killed runs")
+        log.info("removed %s (%.2f GB freed in %s)", ", ".join(parts), size / 1e9, shm_dir)
     return swept

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rollout.leftovers import (OWNER_FILE, SHM_DIR, Swept, files_in_use, mark_owner,
+from rollout.leftovers import (OWNER_FILE, SHM_DIR, Swept, files_in_use, group_pids, mark_owner,
                                sweep_leftovers)
 
 # A child that holds one file open and maps another (then closes that one's descriptor),
@@ -136,10 +136,12 @@ def test_nothing_to_sweep_is_quiet(tmp_path, caplog):
     assert caplog.text == ""
 
 
-def test_a_pool_that_stops_its_engines_sweeps_what_they_left(tmp_path, monkeypatch):
+def test_a_pool_that_stops_its_engines_sweeps_what_they_left(tmp_path, monkeypatch, caplog):
     """EnginePool.stop ends the engines it launched, then sweeps: a stale segment nobody maps
-    goes (here in a stand-in shared-memory folder); a pool that only attached to engines
-    started elsewhere stops nothing and sweeps nothing."""
+    goes (here in a stand-in shared-memory folder), and so does a fresh one the engine's
+    process group held until the stop (a ring buffer written until the end: the age rule
+    would keep it); a fresh one the engine did not hold stays. A pool that only attached to
+    engines started elsewhere stops nothing and sweeps nothing."""
     import rollout.engines as engines
     from common.process import ManagedProcess
 
@@ -147,18 +149,70 @@ def test_a_pool_that_stops_its_engines_sweeps_what_they_left(tmp_path, monkeypat
     shm.mkdir()
     calls = []
 
-    def sweep():
+    def sweep(**kw):
         calls.append(1)
-        return sweep_leftovers(shm_dir=shm, temp_dir=tmp_path / "temp")
+        return sweep_leftovers(shm_dir=shm, temp_dir=tmp_path / "temp", **kw)
 
     monkeypatch.setattr(engines, "sweep_leftovers", sweep)
-    proc = ManagedProcess("engine-0", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "engine-0.log")
+    monkeypatch.setattr(engines, "SHM_DIR", shm)
+    ring, opened, not_ours = shm / "psm_ring", shm / "psm_opened", shm / "psm_fresh_not_ours"
+    ring.write_bytes(b"\0" * 4096)
+    for p in (opened, not_ours):
+        p.write_bytes(b"\0" * 16)
+    # the engine maps its ring buffer in a worker it spawned (vLLM's engine core), same group
+    engine = ("import subprocess, sys, time\n"
+              f"w = subprocess.Popen([sys.executable, '-c', {HOLDER!r}, {str(opened)!r}, {str(ring)!r}],"
+              " stdout=subprocess.PIPE, text=True)\n"
+              "print(w.stdout.readline().strip(), flush=True)\ntime.sleep(60)\n")
+    log_path = tmp_path / "engine-0.log"
+    proc = ManagedProcess("engine-0", [sys.executable, "-c", engine], log_path)
     proc.start()
+    deadline = time.monotonic() + 60
+    def ready():  # the log's first line is the command, which says "ready" too
+        return "ready" in log_path.read_text().splitlines()[1:]
+
+    while not ready() and time.monotonic() < deadline:  # under load: wait, never race
+        time.sleep(0.1)
+    assert ready(), log_path.read_text()
+    members = group_pids([proc.pid])
+    assert proc.pid in members and len(members) == 2  # the engine and its worker
     stale = _old(shm / "psm_left")
     pool = engines.EnginePool([engines.EngineHandle(0, "http://127.0.0.1:1", None, proc)])
-    pool.stop()
-    assert not proc.alive() and not stale.exists() and calls == [1]
+    with caplog.at_level(logging.INFO, logger="rollout.leftovers"):
+        pool.stop()
+    assert not proc.alive() and calls == [1]
+    assert not stale.exists() and not ring.exists() and not opened.exists()  # mapped or open: the engine's
+    assert not_ours.exists()  # fresh and never the engine's: the age rule keeps it
+    assert ("removed 2 shared-memory file(s) the stopped engines left, "
+            "1 shared-memory file(s) earlier runs left (0.00 GB freed in ") in caplog.text
     attached = engines.EnginePool([engines.EngineHandle(0, "http://127.0.0.1:1", None)])
     kept = _old(shm / "psm_other")
+    fresh = shm / "psm_fresh"
+    fresh.write_bytes(b"\0" * 16)
     attached.stop()
-    assert kept.exists() and calls == [1]
+    assert kept.exists() and fresh.exists() and calls == [1]
+    not_ours.unlink()
+
+
+def test_a_fresh_segment_not_held_by_the_stopped_engines_stays(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    fresh = shm / "psm_fresh"
+    fresh.write_bytes(b"\0" * 16)
+    st = fresh.stat()
+    assert sweep_leftovers(shm, temp_dir=tmp_path, released={(st.st_dev, st.st_ino + 1)}) == Swept()
+    assert fresh.exists()
+    assert sweep_leftovers(shm, temp_dir=tmp_path, released={(st.st_dev, st.st_ino)}) == Swept(
+        shm_files=1, shm_bytes=16, of_stopped_engines=1)
+
+
+def test_a_released_segment_still_in_use_stays(tmp_path, holder):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    mapped, opened = shm / "psm_mapped", shm / "psm_open"
+    for p in (mapped, opened):
+        p.write_bytes(b"\0" * 4096)
+    holder(opened, mapped)
+    released = {(p.stat().st_dev, p.stat().st_ino) for p in (mapped, opened)}
+    assert sweep_leftovers(shm, temp_dir=tmp_path, released=released) == Swept()
+    assert mapped.exists() and opened.exists()
