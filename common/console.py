@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 
@@ -11,6 +12,18 @@ LOG_WIDTH = 160
 broke the commands' one-line progress messages and table cells in two."""
 
 
+class LogConsole(Console):
+    """A console for a log file or a pipe: a message (text only) is printed as one line
+    however long it is (rich's ``soft_wrap``), so a grep for its start finds all of it; a
+    table or other renderable is laid out in ``width`` columns as usual."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 -- rich's name
+        if "soft_wrap" not in kwargs and objects and all(isinstance(o, str) for o in objects):
+            kwargs["soft_wrap"] = True
+        super().print(*objects, **kwargs)
+
+
 def output_console() -> Console:
-    """A console for stdout: the terminal's width on a terminal, :data:`LOG_WIDTH` columns otherwise."""
-    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+    """A console for stdout: the terminal's width on a terminal; otherwise a
+    :class:`LogConsole` of :data:`LOG_WIDTH` columns."""
+    return Console() if sys.stdout.isatty() else LogConsole(width=LOG_WIDTH)
