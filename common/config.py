@@ -95,19 +95,68 @@ _HYDRA_FLAGS = _HYDRA_FLAGS_WITH_VALUE | {"--help", "-h", "--hydra-help", "--ver
                                          "--multirun", "-m", "--shell-completion", "-sc"}
 
 
-def refuse_unknown_flags(argv: Sequence[str]) -> None:
+def refuse_unknown_flags(argv: Sequence[str], config_name: str | None = None) -> None:
     """Refuse a command-line word that starts with a dash and is not one of Hydra's flags.
+
+    Args:
+        argv: the command line after the program name.
+        config_name: the recipe the command composes; when given, the refusal names the
+            recipe's own keys with that name (``--port`` for the training recipe:
+            ``trainer.rewards.server.port``), composed from the rest of the command line.
 
     Raises:
         ConfigError: naming the word and the key=value form (``--port 9000`` would otherwise
             reach Hydra's parser as the override ``9000``, "missing EQUAL").
     """
-    for a in argv:
+    for i, a in enumerate(argv):
         if a.startswith("-") and a.split("=", 1)[0] not in _HYDRA_FLAGS and not _is_number(a):
-            key = a.lstrip("-").split("=", 1)[0] or "key"
+            name, _, value = a.lstrip("-").partition("=")
+            name = name or "key"
+            if not value and i + 1 < len(argv) and "=" not in argv[i + 1] and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            paths = _key_paths_named(config_name, name.replace("-", "_"), argv) if config_name else []
+            if paths:
+                form = (f"{paths[0]}={value or 'VALUE'}" if len(paths) == 1 else
+                        f"one of {', '.join(f'{p}=VALUE' for p in paths)}")
+                hint = f"here: {form}"
+            else:
+                hint = f"e.g. {name}=VALUE; a key in a section needs its path, as section.{name}=VALUE"
             raise ConfigError(f"{a}: not an option of this command. Settings are key=value without dashes "
-                              f"(e.g. {key}=VALUE; a key in a section needs its path, as server.port=9000); "
-                              "--help lists the keys and config groups")
+                              f"({hint}); --help lists the keys and config groups")
+
+
+def _key_paths_named(config_name: str, name: str, argv: Sequence[str]) -> list[str]:
+    """The dotted paths of the keys called ``name`` (or ending in a dotted ``name``) in the
+    config composed from ``argv``'s overrides (its dashed words and their values left out),
+    shortest first; [] when that config cannot be composed (another mistake on the line,
+    reported once this one is fixed)."""
+    overrides, skip = [], False
+    for a in argv:
+        if skip or a.startswith("-"):
+            skip = a.startswith("-") and "=" not in a
+            continue
+        if "=" in a:
+            overrides.append(a)
+    try:
+        cfg = compose(config_name, overrides)
+    except Exception:  # noqa: BLE001 -- a hint only: the refusal stands without it
+        return []
+    found: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, DictConfig):
+            for k in node.keys():
+                path = f"{prefix}{k}"
+                if path == name or path.endswith("." + name):
+                    found.append(path)
+                try:
+                    child = node._get_node(k)  # unresolved: an interpolation is not resolved here
+                except Exception:  # noqa: BLE001
+                    continue
+                walk(child, path + ".")
+
+    walk(cfg, "")
+    return sorted(found, key=lambda p: (p.count("."), p))
 
 
 def _is_number(word: str) -> bool:
@@ -309,7 +358,7 @@ def compose_or_exit(config_name: str, argv: Sequence[str], return_hydra_config: 
     """``compose`` for command-line use (a dashed word not Hydra's refused first:
     ``refuse_unknown_flags``): on ConfigError print the message and exit 2."""
     try:
-        refuse_unknown_flags(argv)
+        refuse_unknown_flags(argv, config_name)
         return compose(config_name, _hydra_flags_removed(argv), return_hydra_config)
     except ConfigError as e:
         raise usage_error(e) from None

@@ -63,7 +63,20 @@ def test_bad_value_exits_2_with_one_line_and_leaves_nothing(module, tmp_path):
 def test_a_dashed_option_is_one_line_that_shows_the_key_value_form(module, tmp_path):
     r = _run_in(tmp_path, module, "--port", "9000")
     _assert_refused(r, tmp_path)
-    assert "--port: not an option of this command" in r.stderr and "port=VALUE" in r.stderr
+    assert "--port: not an option of this command" in r.stderr and "port=" in r.stderr
+
+
+def test_a_dashed_option_names_the_recipes_own_key_with_its_path(tmp_path):
+    # the training recipe's port lies three sections down: the refusal names that path
+    r = _run_in(tmp_path, "rl.train", "--port", "9000")
+    _assert_refused(r, tmp_path)
+    assert "(here: trainer.rewards.server.port=9000)" in r.stderr
+    r = _run_in(tmp_path, "rl.train", "--trainer.iterations=3")
+    assert "(here: trainer.iterations=3)" in r.stderr
+    # a name the recipe lacks, or a line that does not compose: the general form, no guess
+    r = _run_in(tmp_path, "rl.train", "router=bogus", "--iterations", "3")
+    _assert_refused(r, tmp_path)
+    assert "e.g. iterations=VALUE; a key in a section needs its path" in r.stderr
 
 
 @pytest.mark.parametrize("module", BENCHMARKS)
