@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import functools
 import os
 import re
@@ -332,7 +333,12 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
             if not keys:  # an empty section, e.g. a policy run with its defaults: {}
                 return (f"unknown config key '{key}': '{parent}' is empty here, so its options are added with "
                         f"a leading '+', e.g. +{key}=VALUE")
-            return (f"unknown config key '{key}'. Valid keys {where}: {', '.join(keys)}. "
+            depth = len(parent.split(".")) if parent else 0
+            wrong, rest = key.split(".")[depth], key.split(".")[depth + 1:]  # the first part not found
+            close = difflib.get_close_matches(wrong, keys, n=1)
+            guess = (f"Did you mean '{'.'.join([*filter(None, [parent]), close[0], *rest])}'? "
+                     if close else "")
+            return (f"unknown config key '{key}'. {guess}Valid keys {where}: {', '.join(keys)}. "
                     f"(To add a new key on purpose, write +{key}=...)")
     return str(e).splitlines()[0]
 

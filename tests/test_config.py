@@ -268,6 +268,27 @@ def test_an_unknown_key_next_to_run_dir_is_one_line_naming_it():
         compose("train", ["run_dir=/tmp/x", "trainer.iteratons=3"], return_hydra_config=True)
 
 
+@pytest.mark.parametrize("override, guess", [
+    ("trainer.iteratons=3", "Did you mean 'trainer.iterations'? Valid keys under 'trainer'"),
+    ("trainr.iterations=3", "Did you mean 'trainer.iterations'? Valid keys at the top level"),  # a section misspelt
+    ("trainer.eval.problms=3", "Did you mean 'trainer.eval.problems'?"),
+])
+def test_a_misspelt_key_is_refused_with_the_nearest_key_named(override, guess):
+    from common.config import ConfigError, compose
+
+    with pytest.raises(ConfigError) as e:
+        compose("train", [override])
+    assert guess in str(e.value)
+
+
+def test_a_key_like_no_other_gets_no_guess():
+    from common.config import ConfigError, compose
+
+    with pytest.raises(ConfigError) as e:
+        compose("train", ["trainer.zzzzqqq=3"])
+    assert "Did you mean" not in str(e.value) and "Valid keys under 'trainer'" in str(e.value)
+
+
 def test_a_key_under_an_empty_section_says_to_add_it_with_a_plus():
     from common.config import ConfigError, compose
 

@@ -246,23 +246,27 @@ class KvHorizonConfig:
     def __post_init__(self) -> None:
         bad = []
         if not 0 < self.min_target_usage <= self.target_usage <= 2:
-            bad.append("need 0 < min_target_usage <= target_usage <= 2")
-        if not 0 < self.backoff < 1 or not 0 < self.rate_smoothing <= 1 or not 0 < self.output_quantile <= 1:
-            bad.append("backoff must be in (0, 1), rate_smoothing and output_quantile in (0, 1]")
-        if not 0 < self.footprint_prior_share <= 1:
-            bad.append("footprint_prior_share must be in (0, 1]")
+            bad.append(f"need 0 < min_target_usage <= target_usage <= 2, got {self.min_target_usage} and "
+                       f"{self.target_usage}")
+        ranges = {"backoff": (0, 1, False), "rate_smoothing": (0, 1, True), "output_quantile": (0, 1, True),
+                  "footprint_prior_share": (0, 1, True)}
+        for name, (low, high, closed) in ranges.items():
+            v = getattr(self, name)
+            if not (low < v <= high if closed else low < v < high):
+                bad.append(f"{name} must be in ({low}, {high}{']' if closed else ')'}, got {v}")
         if not 0 <= self.backfill_share <= 1:
-            bad.append("backfill_share must be in [0, 1]")
+            bad.append(f"backfill_share must be in [0, 1], got {self.backfill_share}")
         for name in ("horizon_s", "decode_tokens_per_s_prior", "footprint_prior_tokens", "metrics_stale_s", "recheck_s",
                      "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"):
             if not getattr(self, name) > 0:
-                bad.append(f"{name} must be > 0")
+                bad.append(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "class_floor_sessions",
                      "waiting_limit"):
             if getattr(self, name) < 0:
-                bad.append(f"{name} must be >= 0")
-        if self.history < 1 or self.fallback_num_blocks < 1 or self.block_size_fallback_tokens < 1:
-            bad.append("history, fallback_num_blocks and block_size_fallback_tokens must be >= 1")
+                bad.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("history", "fallback_num_blocks", "block_size_fallback_tokens"):
+            if getattr(self, name) < 1:
+                bad.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if bad:
             raise ValueError("; ".join(bad))
 

@@ -328,8 +328,10 @@ def test_a_backfill_never_takes_room_the_budget_does_not_have() -> None:
     assert isinstance(d, Hold) and "behind" in d.reason
     assert p.state()["backfill_admissions"] == 0
     for bad in (-0.1, 1.5):
-        with pytest.raises(ValueError, match="backfill_share"):
+        with pytest.raises(ValueError, match=rf"backfill_share must be in \[0, 1\], got {bad}"):
             policy(backfill_share=bad)
+    with pytest.raises(ValueError, match=r"backoff must be in \(0, 1\), got 1.0; horizon_s must be > 0, got 0"):
+        policy(backoff=1.0, horizon_s=0)  # every bad value named with what was given
 
 
 def test_shared_prefix_is_reserved_once_per_instance() -> None:
