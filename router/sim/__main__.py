@@ -247,12 +247,14 @@ class Experiment:
         finally:
             bar.close()
 
-    def write(self, results: list[dict], agg: dict, table: str, extra: dict | None = None) -> None:
-        """results.json (timelines only for the first seed) and table.md."""
+    def write(self, results: list[dict], agg: dict, table: str, extra: dict | None = None,
+              shown: str | None = None) -> None:
+        """results.json (timelines only for the first seed) and table.md (``table``); prints
+        ``shown`` (default: ``table``) and the folder."""
         dump_json(os.path.join(self.out, "results.json"),
                   {"config": self.raw, "aggregate": agg, "runs": results, **(extra or {})})
         Path(self.out, "table.md").write_text(table + "\n")
-        print(table)
+        print(table if shown is None else shown)
         print(f"\nresults: {self.out}")
 
     def timelines(self, results: list[dict], labels: list[str]) -> dict[str, list[dict]]:
@@ -323,7 +325,8 @@ class Experiment:
                             for b in ("vllm_router_least_loaded", "vllm_router") for p in ("kv_horizon", "misa_t"))])
         self.write(results, agg, table + "\n\n" + head,
                    {"baseline": base, "exact_baseline": exact, "baselines": best, "safe_ceiling": safe,
-                    "permissive_ceiling": high, "headline": head})
+                    "permissive_ceiling": high, "headline": head},
+                   shown=table)  # the headlines once, last (table5)
         tls = self.timelines(results, [base, exact, "misa_t", "session_admission", "vllm_router (high load)"])
         if "misa_t" in tls:
             plot_caps(tls["misa_t"], os.path.join(self.out, "caps_misa_t.png"), f"MISA-T caps, {self.title}")

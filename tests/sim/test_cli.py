@@ -82,6 +82,9 @@ def test_table5_reports_every_baseline_the_composition_and_ends_with_the_headlin
         "decode ceiling over cache_aware (sweep-tuned)", "decode ceiling over vllm_router (sweep-tuned)",
         "kv_horizon vs vllm_router_least_loaded (sweep-tuned)", "misa_t vs vllm_router_least_loaded (sweep-tuned)",
         "kv_horizon vs vllm_router (sweep-tuned)", "misa_t vs vllm_router (sweep-tuned)"]
+    assert all(p.stdout.count(h) == 1 for h in heads)  # printed once, at the end
+    out = next(line for line in p.stdout.splitlines() if line.startswith("results: ")).removeprefix("results: ")
+    assert all(h in Path(out, "table.md").read_text() for h in heads)  # and kept in table.md
     table = next(tmp_path.glob("table5-*/table.md")).read_text()
     for b in ("vllm_router", "vllm_router_least_loaded", "cache_aware"):
         assert f"baseline: sweep-tuned {b}@" in table and f"The static-ceiling sweep of {b}\n" in table
