@@ -34,6 +34,9 @@ from router.sim.experiments import (
     aggregate,
     aggregate_phases,
     best_sweep_label,
+    ceilings_headline,
+    ceilings_markdown,
+    ceilings_points,
     check_policy_params,
     composition_markdown,
     decode_ceiling_headline,
@@ -48,7 +51,7 @@ from router.sim.experiments import (
     with_params,
 )
 from router.sim.trace import read_trace
-from router.sim.plots import plot_caps, plot_hit_rate, plot_mixture
+from router.sim.plots import plot_caps, plot_ceilings, plot_hit_rate, plot_mixture
 
 register_user_error(SimError)  # a bad value: exit status 2, as an unknown key
 register_user_error(SimUnknownNameError)  # an unknown name: exit status 2
@@ -101,6 +104,11 @@ VALUE_RULES: dict[str, Rule] = {
     "shift.policies": (lambda v: isinstance(v, list) and all(is_text(x) for x in v), "a list of policy names"),
     "shift.sweep_ceilings": (or_null(lambda v: isinstance(v, list) and bool(v) and all(number(whole=True, at_least=1)(x) for x in v)),
                              "a non-empty list of whole numbers >= 1, or null (sim.sweep_ceilings)"),
+    "ceilings.baseline": (is_text, "a policy name such as vllm_router"),
+    "ceilings.policies": (lambda v: isinstance(v, list) and bool(v) and all(is_text(x) for x in v),
+                          "a non-empty list of policy names, e.g. [kv_horizon]"),
+    "ceilings.factors": (lambda v: isinstance(v, list) and bool(v) and all(number(above=0)(x) for x in v),
+                         "a non-empty list of factors > 0 on the baseline's best ceiling, e.g. [1, 1.5, 2]"),
     "delay_factor": (number(above=0), "a factor > 0"),
     "sensitivity.policy": (is_text, "a policy name such as misa_t"),
     "sensitivity.params": (_sweep, "a mapping option -> non-empty list of values"),
@@ -460,6 +468,50 @@ class Experiment:
         table = table5_markdown(agg, order[0], order, f"Sensitivity of {pol} ({self.title}); baseline: defaults")
         self.write(results, agg, table)
 
+    def ceilings(self) -> None:
+        """The policies against the sweep-tuned baseline as the trainer's ceiling moves (issue
+        15's mixture goal: no class's p50 completion time above 2x the baseline's). The
+        baseline (``ceilings.baseline``) is swept over ``sim.sweep_ceilings``; each of
+        ``ceilings.policies`` then runs at ``ceilings.factors`` x its best ceiling. A unit's
+        completion time runs from its release, so past the baseline's ceiling units wait in the
+        router's queue (Little's law: the mean grows with the ceiling over the rate): the table
+        shows what each ceiling buys in samples/min and costs in completion time."""
+        c, cc = self.cluster, self.raw["ceilings"]
+        base_pol = canonical_policy_name(cc["baseline"])
+        policies = [canonical_policy_name(p) for p in cc["policies"]]
+        for pol in (base_pol, *policies):  # a bad name or option refused before the sweep runs
+            check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)
+        sweep = [f"{base_pol}@{self.ceiling(x)}" for x in c.sweep_ceilings]
+        results = self.run([self.spec(lb, base_pol, self.ceiling(x), s)
+                            for lb, x in zip(sweep, c.sweep_ceilings) for s in self.seeds],
+                           f"ceilings {c.name}: {base_pol} sweep")
+        best = best_sweep_label(aggregate(results), sweep)
+        best_ceiling = aggregate(results)[best]["ceiling"]
+        rows: list[tuple[str, float]] = []
+        specs = []
+        for pol in policies:
+            for f in cc["factors"]:
+                ceil = max(1, round(float(f) * best_ceiling))
+                label = f"{pol}@{ceil}"
+                if label in dict(rows):
+                    continue  # two factors on one ceiling (a small scale): run once
+                rows.append((label, float(f)))
+                specs += [self.spec(label, pol, ceil, s) for s in self.seeds]
+        results += self.run(specs, f"ceilings {c.name}: policies")
+        agg = aggregate(results)
+        order = [best, *(lb for lb, _ in rows)]
+        table = "\n\n".join([
+            ceilings_markdown(agg, best, rows, f"The trainer's ceiling ({self.title}); baseline: sweep-tuned {best}"),
+            per_class_markdown(agg, order),
+            table5_markdown(agg, best, sweep, f"The static-ceiling sweep of {base_pol}"),
+        ])
+        head = "\n".join(ceilings_headline(agg, lb, f, best) for lb, f in rows)
+        self.write(results, agg, table + "\n\n" + head,
+                   {"baseline": best, "ceiling_factors": dict(rows), "headline": head}, shown=table)
+        plot_ceilings(ceilings_points(agg, best, rows), 2.0, os.path.join(self.out, "ceilings.png"),
+                      f"policies against the sweep-tuned {best}, {self.title}")
+        print(head)
+
     def single(self) -> None:
         """One policy at one ceiling over the seeds."""
         pol = self.cfg.run.policy
@@ -477,7 +529,7 @@ class Experiment:
 
 
 EXPERIMENTS = {"table5": Experiment.table5, "shift": Experiment.shift, "delay": Experiment.delay,
-               "sensitivity": Experiment.sensitivity, "run": Experiment.single}
+               "sensitivity": Experiment.sensitivity, "run": Experiment.single, "ceilings": Experiment.ceilings}
 
 
 class Interrupted(Exception):

@@ -548,6 +548,79 @@ def headline(agg: dict[str, dict], label: str, baseline: str, baseline_name: str
     return f"{label} vs {baseline_name}: {d:+.1f}% ± {s:.1f} samples/min, {o:+.1f}% output tokens/min"
 
 
+CLASS_ORDER = ("agent", "rlvr", "rlhf")
+"""The paper's workload classes, in the order the tables give them."""
+
+
+def completion_ratios(row: dict, base: dict) -> dict[str, float]:
+    """Per class, the run's p50 completion time (release to completion, mean over seeds) over
+    the baseline's (issue 15's mixture goal: at most 2x for every class); the classes both
+    completed, the paper's three first."""
+    classes = [b for b in CLASS_ORDER if b in base["completion_s"]]
+    classes += sorted(b for b in base["completion_s"] if b not in CLASS_ORDER)
+    return {b: row["completion_s"][b]["p50"] / base["completion_s"][b]["p50"]
+            for b in classes if b in row["completion_s"] and base["completion_s"][b]["p50"] > 0}
+
+
+def ceilings_markdown(agg: dict[str, dict], baseline: str, rows: list[tuple[str, float]], title: str) -> str:
+    """The policies against ``baseline`` as the trainer's ceiling moves (``experiment=ceilings``):
+    per run label and its ceiling as a multiple of the baseline's, samples/min and output
+    tokens/min against the baseline (mean ± std over seeds, %), each class's p50 completion
+    time as a ratio to the baseline's, the TV distance and the prefix hit rate.
+
+    Args:
+        rows: ``(run label, ceiling / the baseline's ceiling)`` in table order.
+    """
+    base = agg[baseline]
+    classes = list(completion_ratios(base, base))
+    lines = [f"### {title}", "",
+             f"| Router | ceiling | samples/min | vs baseline | output tok/min vs baseline "
+             f"| p50 completion vs baseline ({' / '.join(classes)}) | TV (pp) | prefix hit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, factor in [(baseline, 1.0), *rows]:
+        if label not in agg:
+            continue
+        row = agg[label]
+        d, sd = _rel(row, base, "samples_per_min")
+        o, _ = _rel(row, base, "output_tokens_per_min")
+        ratios = completion_ratios(row, base)
+        p50 = " / ".join(f"{ratios[b]:.2f}x" if b in ratios else "-" for b in classes)
+        lines.append(f"| {label} | {row['ceiling']} ({factor:g}x) | {row['samples_per_min']['mean']:.2f} | "
+                     f"{d:+.1f}% ± {sd:.1f} | {o:+.1f}% | {p50} | {100 * row['tv_distance']['mean']:.2f} | "
+                     f"{100 * row['prefix_hit_rate']['mean']:.1f}% |")
+    return "\n".join(lines)
+
+
+def ceilings_headline(agg: dict[str, dict], label: str, factor: float, baseline: str, limit: float = 2.0) -> str:
+    """One line for a run of ``experiment=ceilings`` (its ceiling ``factor`` x the baseline's):
+    its change in samples/min against the sweep-tuned baseline and its largest class p50
+    completion ratio, marked against ``limit`` (issue 15: 2x)."""
+    name = f"{label} ({factor:g}x) vs {baseline} (sweep-tuned)"
+    if label not in agg or baseline not in agg:
+        return f"{name}: not measured"
+    d, sd = _rel(agg[label], agg[baseline], "samples_per_min")
+    ratios = completion_ratios(agg[label], agg[baseline])
+    worst = max(ratios, key=ratios.get) if ratios else None
+    p50 = (f"largest p50 completion ratio {ratios[worst]:.2f}x ({worst}; "
+           f"{'within' if ratios[worst] <= limit else 'over'} {limit:g}x)") if worst else "no completions"
+    return f"{name}: {d:+.1f}% ± {sd:.1f} samples/min, {p50}"
+
+
+def ceilings_points(agg: dict[str, dict], baseline: str,
+                    rows: list[tuple[str, float]]) -> dict[str, list[tuple[float, float, float, float]]]:
+    """Per policy, ``(ceiling factor, samples/min change %, its std %, largest class p50
+    completion ratio)`` for each run of ``rows`` (``(label, factor)``), for
+    :func:`router.sim.plots.plot_ceilings`."""
+    points: dict[str, list[tuple[float, float, float, float]]] = {}
+    for label, factor in rows:
+        if label not in agg:
+            continue
+        d, sd = _rel(agg[label], agg[baseline], "samples_per_min")
+        worst = max(completion_ratios(agg[label], agg[baseline]).values(), default=math.nan)
+        points.setdefault(agg[label]["policy"], []).append((factor, d, sd, worst))
+    return points
+
+
 def best_sweep_label(agg: dict[str, dict], labels: list[str]) -> str:
     """The sweep run with the highest mean sample rate (the paper's sweep-tuned baseline)."""
     present = [lb for lb in labels if lb in agg]

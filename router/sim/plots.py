@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 CLASS_COLORS = {"agent": "tab:blue", "rlvr": "tab:orange", "rlhf": "tab:green"}
 
@@ -66,6 +67,42 @@ def plot_mixture(timelines: dict[str, list[dict]], target: dict[str, float], pat
     ax.set_ylabel("consumed share")
     ax.set_title(title)
     ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], limit: float, path: str,
+                  title: str) -> None:
+    """``experiment=ceilings``: per policy, samples/min against the baseline (%, ± std over
+    seeds) and the largest class p50 completion ratio, over the ceiling as a multiple of the
+    baseline's; the ratio's limit dashed.
+
+    Args:
+        points: policy -> ``(ceiling factor, samples/min change %, its std %, largest p50 ratio)``.
+    """
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for policy, pts in points.items():
+        pts = sorted(pts)
+        x = [p[0] for p in pts]
+        ax.errorbar(x, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=policy)
+        ax2.plot(x, [p[3] for p in pts], marker="o", label=policy)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel("ceiling / the baseline's best ceiling")
+    ax.set_ylabel("samples/min vs baseline (%)")
+    ax2.axhline(limit, color="k", lw=0.8, ls="--", label=f"{limit:g}x")
+    ax2.set_xlabel("ceiling / the baseline's best ceiling")
+    ax2.set_ylabel("largest class p50 completion / baseline's")
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax2.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    factors = sorted({p[0] for pts in points.values() for p in pts})
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)  # 1x, 1.25x, 1.5x apart, 2x and 4x in reach
+        a.set_xticks(factors, [f"{f:g}x" for f in factors])
+        a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        a.legend(fontsize=7)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
