@@ -12,6 +12,7 @@ point prints the message as that part's user error.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Collection, Mapping
@@ -43,8 +44,13 @@ def build_options(config_cls: type, params: Mapping[str, Any] | None, where: str
     names = [f.name for f in dataclasses.fields(config_cls) if f.init and f.name not in not_options]
     unknown = sorted(set(params) - set(names))
     if unknown:
+        guesses = {u: difflib.get_close_matches(u, names, n=1) for u in unknown}
+        if len(unknown) == 1:
+            guess = f" (did you mean {guesses[unknown[0]][0]!r}?)" if guesses[unknown[0]] else ""
+        else:
+            guess = "".join(f" (did you mean {g[0]!r} for {u!r}?)" for u, g in guesses.items() if g)
         raise (unknown_error or error)(
-            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(names)}"
+            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}{guess}; valid options: {', '.join(names)}"
         )
     values = {key: _coerce(value, hints[key], f"{where}: option {key!r}", error) for key, value in params.items()}
     try:

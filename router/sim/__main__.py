@@ -37,6 +37,7 @@ from router.sim.experiments import (
     ceilings_headline,
     ceilings_markdown,
     ceilings_points,
+    P50_RATIO_LIMIT,
     check_policy_params,
     composition_markdown,
     decode_ceiling_headline,
@@ -472,21 +473,26 @@ class Experiment:
         """The policies against the sweep-tuned baseline as the trainer's ceiling moves (issue
         15's mixture goal: no class's p50 completion time above 2x the baseline's). The
         baseline (``ceilings.baseline``) is swept over ``sim.sweep_ceilings``; each of
-        ``ceilings.policies`` then runs at ``ceilings.factors`` x its best ceiling. A unit's
+        ``ceilings.policies`` then runs at ``ceilings.factors`` x its best ceiling (rounded to
+        whole units; the tables give the factor after rounding). A unit's
         completion time runs from its release, so past the baseline's ceiling units wait in the
         router's queue (Little's law: the mean grows with the ceiling over the rate): the table
         shows what each ceiling buys in samples/min and costs in completion time."""
         c, cc = self.cluster, self.raw["ceilings"]
         base_pol = canonical_policy_name(cc["baseline"])
         policies = [canonical_policy_name(p) for p in cc["policies"]]
-        for pol in (base_pol, *policies):  # a bad name or option refused before the sweep runs
-            check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)
+        for key, pol in [("ceilings.baseline", base_pol), *(("ceilings.policies", p) for p in policies)]:
+            try:  # a bad name or option refused before the sweep runs, naming the key that gave it
+                check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)
+            except SimError as e:
+                raise type(e)(f"{key}: {e}") from None
         sweep = [f"{base_pol}@{self.ceiling(x)}" for x in c.sweep_ceilings]
         results = self.run([self.spec(lb, base_pol, self.ceiling(x), s)
                             for lb, x in zip(sweep, c.sweep_ceilings) for s in self.seeds],
                            f"ceilings {c.name}: {base_pol} sweep")
-        best = best_sweep_label(aggregate(results), sweep)
-        best_ceiling = aggregate(results)[best]["ceiling"]
+        swept = aggregate(results)
+        best = best_sweep_label(swept, sweep)
+        best_ceiling = swept[best]["ceiling"]
         rows: list[tuple[str, float]] = []
         specs = []
         for pol in policies:
@@ -495,8 +501,9 @@ class Experiment:
                 label = f"{pol}@{ceil}"
                 if label in dict(rows):
                     continue  # two factors on one ceiling (a small scale): run once
-                rows.append((label, float(f)))
-                specs += [self.spec(label, pol, ceil, s) for s in self.seeds]
+                rows.append((label, ceil / best_ceiling))  # the factor run, after rounding to whole units
+                if label not in sweep:  # the baseline's own policy at a swept ceiling: that run
+                    specs += [self.spec(label, pol, ceil, s) for s in self.seeds]
         results += self.run(specs, f"ceilings {c.name}: policies")
         agg = aggregate(results)
         order = [best, *(lb for lb, _ in rows)]
@@ -508,7 +515,7 @@ class Experiment:
         head = "\n".join(ceilings_headline(agg, lb, f, best) for lb, f in rows)
         self.write(results, agg, table + "\n\n" + head,
                    {"baseline": best, "ceiling_factors": dict(rows), "headline": head}, shown=table)
-        plot_ceilings(ceilings_points(agg, best, rows), 2.0, os.path.join(self.out, "ceilings.png"),
+        plot_ceilings(ceilings_points(agg, best, rows), P50_RATIO_LIMIT, os.path.join(self.out, "ceilings.png"),
                       f"policies against the sweep-tuned {best}, {self.title}")
         print(head)
 

@@ -551,6 +551,9 @@ def headline(agg: dict[str, dict], label: str, baseline: str, baseline_name: str
 CLASS_ORDER = ("agent", "rlvr", "rlhf")
 """The paper's workload classes, in the order the tables give them."""
 
+P50_RATIO_LIMIT = 2.0
+"""Issue 15's mixture goal: no class's p50 completion time above this multiple of the baseline's."""
+
 
 def completion_ratios(row: dict, base: dict) -> dict[str, float]:
     """Per class, the run's p50 completion time (release to completion, mean over seeds) over
@@ -591,7 +594,8 @@ def ceilings_markdown(agg: dict[str, dict], baseline: str, rows: list[tuple[str,
     return "\n".join(lines)
 
 
-def ceilings_headline(agg: dict[str, dict], label: str, factor: float, baseline: str, limit: float = 2.0) -> str:
+def ceilings_headline(agg: dict[str, dict], label: str, factor: float, baseline: str,
+                      limit: float = P50_RATIO_LIMIT) -> str:
     """One line for a run of ``experiment=ceilings`` (its ceiling ``factor`` x the baseline's):
     its change in samples/min against the sweep-tuned baseline and its largest class p50
     completion ratio, marked against ``limit`` (issue 15: 2x)."""

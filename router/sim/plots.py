@@ -72,6 +72,17 @@ def plot_mixture(timelines: dict[str, list[dict]], target: dict[str, float], pat
     plt.close(fig)
 
 
+RATIO_TICKS = (0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100, 200)
+
+
+def ratio_ticks(ratios: list[float], limit: float) -> list[float]:
+    """Labelled ticks for a log axis of ratios: those of :data:`RATIO_TICKS` within the
+    ratios' range and ``limit`` (NaN left out), widened by 1.5x each way; a range between two
+    powers of ten still gets labels."""
+    values = [r for r in ratios if r == r] + [limit]
+    return [t for t in RATIO_TICKS if min(values) / 1.5 <= t <= max(values) * 1.5]
+
+
 def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], limit: float, path: str,
                   title: str) -> None:
     """``experiment=ceilings``: per policy, samples/min against the baseline (%, ± std over
@@ -94,12 +105,14 @@ def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], li
     ax2.set_xlabel("ceiling / the baseline's best ceiling")
     ax2.set_ylabel("largest class p50 completion / baseline's")
     ax2.set_yscale("log")
+    ratios = [p[3] for pts in points.values() for p in pts]
+    ax2.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ratio_ticks(ratios, limit)))
     ax2.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
-    ax2.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax2.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     factors = sorted({p[0] for pts in points.values() for p in pts})
     for a in (ax, ax2):
         a.set_xscale("log", base=2)  # 1x, 1.25x, 1.5x apart, 2x and 4x in reach
-        a.set_xticks(factors, [f"{f:g}x" for f in factors])
+        a.set_xticks(factors, [f"{f:.3g}x" for f in factors], rotation=30)
         a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         a.legend(fontsize=7)
     fig.suptitle(title)

@@ -19,7 +19,7 @@ def _run(*overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(("override", "code", "expected"), [
     ("episode.limits.max_turn=3", 2, "Valid keys under 'episode.limits': max_context_tokens, max_episode_s"),
-    ("+episode.limits.max_turn=3", 2, "episode.limits: unknown option(s) 'max_turn'; valid options: max_turns"),
+    ("+episode.limits.max_turn=3", 2, "episode.limits: unknown option(s) 'max_turn' (did you mean 'max_turns'?); valid options: max_turns"),
     ("+nosuch=1", 2, "unknown config key 'nosuch': the agent server has no such option. Valid keys: "),
     ("++nosuch=1", 2, "unknown config key 'nosuch': the agent server has no such option."),
     ("port=http", 2, "port='http' is invalid: give a TCP port number (0-65535)."),

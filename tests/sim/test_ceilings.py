@@ -10,6 +10,7 @@ import os
 import pytest
 
 from router.sim.experiments import ceilings_headline, ceilings_markdown, ceilings_points, completion_ratios
+from router.sim.plots import plot_ceilings, ratio_ticks
 from tests.sim.test_cli import run_cli
 
 
@@ -57,6 +58,15 @@ def test_the_table_and_the_plot_points_hold_every_run():
     assert math.isnan(ceilings_points({**AGG, "x": _row("x", 1, 1.0, {})}, "vllm_router@128", [("x", 1)])["x"][0][3])
 
 
+def test_the_ratio_axis_is_labelled_between_two_powers_of_ten(tmp_path):
+    # a fresh user's plot had ratios 1.26x-6.07x and a log axis with no labelled tick
+    assert ratio_ticks([1.26, 1.41, 6.07], 2.0) == [1, 1.25, 1.5, 2, 3, 5]
+    assert ratio_ticks([float("nan"), 30.0], 2.0) == [1.5, 2, 3, 5, 10, 20]
+    plot_ceilings({"kv_horizon": [(1, 2.4, 0.0, 1.26), (1.33, 10.7, 0.0, 1.41), (4, 29.9, 0.0, 6.07)]}, 2.0,
+                  str(tmp_path / "c.png"), "t")
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+
+
 @pytest.mark.slow
 def test_the_experiment_sweeps_the_baseline_runs_each_factor_and_ends_with_one_headline_each(tmp_path):
     # 2 sweep runs + 2 policy runs at scale 0.05: seconds on an idle core
@@ -74,13 +84,14 @@ def test_the_experiment_sweeps_the_baseline_runs_each_factor_and_ends_with_one_h
     ceilings = {r["label"]: r["ceiling"] for r in results["runs"]}
     assert {ceilings[lb] for lb in results["ceiling_factors"]} == {ceilings[base], 2 * ceilings[base]}
     assert "| p50 completion vs baseline (agent / rlvr / rlhf) |" in p.stdout
+    assert f"(2x) vs {base} (sweep-tuned)" in heads[1]  # the factor after rounding to whole units
     assert os.path.getsize(f"{out}/ceilings.png") > 10_000
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("override, expected", [
-    ("ceilings.policies=[bogus]", "unknown router policy 'bogus'"),
-    ("ceilings.baseline=nope", "unknown router policy 'nope'"),
+    ("ceilings.policies=[bogus]", "ceilings.policies: unknown router policy 'bogus'"),
+    ("ceilings.baseline=nope", "ceilings.baseline: unknown router policy 'nope'"),
     ("ceilings.factors=[0]", "ceilings.factors=[0] is invalid: give a non-empty list of factors > 0"),
 ])
 def test_a_bad_ceilings_option_is_refused_before_any_run(tmp_path, override, expected):
@@ -89,3 +100,15 @@ def test_a_bad_ceilings_option_is_refused_before_any_run(tmp_path, override, exp
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "runs done" not in p.stderr
     assert not any(tmp_path.iterdir())  # nothing simulated, no run folder left
+
+
+@pytest.mark.slow
+def test_the_baselines_own_policy_at_its_swept_ceiling_reuses_that_run(tmp_path):
+    p = run_cli("experiment=ceilings", "seeds=[0]", "scale=0.05", "workers=1", "sim.sweep_ceilings=[64,128]",
+                "ceilings.factors=[1]", "ceilings.policies=[vllm_router]", tmp_path=tmp_path, timeout_s=600)
+    assert p.returncode == 0, p.stderr
+    out = next(line for line in p.stdout.splitlines() if line.startswith("results: ")).removeprefix("results: ")
+    runs = [json.loads(line)["label"] for line in open(f"{out}/runs.jsonl")]
+    assert len(runs) == 2 and len(set(runs)) == 2  # the sweep's two runs, none repeated (its seeds not doubled)
+    assert p.stdout.strip().splitlines()[-1].endswith("+0.0% ± 0.0 samples/min, largest p50 completion ratio "
+                                                      "1.00x (agent; within 2x)")
