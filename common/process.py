@@ -267,19 +267,16 @@ class ManagedProcess:
         """End the whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
         if self.proc is None:
             return
+        # The child called setsid() before exec, so its pid is its group id, also once the
+        # leader itself is gone and reaped (os.getpgid would fail then and leave the group).
+        pgid = self.proc.pid
+        _signal_group(pgid, signal.SIGTERM)
         try:
-            pgid = os.getpgid(self.proc.pid)
-        except ProcessLookupError:
-            pgid = None
-        if pgid is not None:
-            _signal_group(pgid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            # Children of the leader (e.g. vLLM's engine core) may outlive it: always
-            # finish the group.
-            _signal_group(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children of the leader (e.g. vLLM's engine core) may outlive it: always finish the group.
+        _signal_group(pgid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from common.process import ManagedProcess, ProcessStartError, free_port, wait_all_healthy
 from common.urls import engine_urls_problem, kv_event_endpoints_problem
 from rollout.leftovers import (POOL_PREFIX, SHM_DIR, files_in_use, group_pids, mark_owner,
-                               sweep_leftovers)
+                               sweep_leftovers, wait_groups_gone)
 
 
 class EngineError(RuntimeError):
@@ -388,9 +388,13 @@ class EnginePool:
         full ``make test`` left two, a ``make run`` one written until its end), which the
         sweep at the next pool start would only catch if there were one."""
         procs = [h.process for h in self.handles if h.process is not None]
+        groups = [p.pid for p in procs if p.pid is not None]  # an engine's pid is its group id
         held: set[tuple[int, int]] = set()
-        if procs and SHM_DIR.is_dir():
-            held = files_in_use(SHM_DIR, group_pids(p.pid for p in procs if p.alive()))
+        try:
+            if groups and SHM_DIR.is_dir():
+                held = files_in_use(SHM_DIR, group_pids(groups))
+        except OSError:  # a hint for the sweep only: the engines are stopped regardless
+            held = set()
         if procs:
             with ThreadPoolExecutor(len(procs)) as ex:
                 list(ex.map(lambda p: p.stop(), procs))
@@ -398,6 +402,9 @@ class EnginePool:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
         if procs:
+            # the leader is reaped; its workers may still be exiting and still list their
+            # mappings: give them a moment (SIGKILLed already), or their segments stay
+            wait_groups_gone(groups)
             sweep_leftovers(released=held)
 
     def __enter__(self) -> "EnginePool":

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 SHM_PATTERNS = ("psm_*", "sem.mp-*")
 MIN_AGE_S = 60.0
+GROUP_EXIT_WAIT_S = 5.0
+"""How long a pool's stop waits for its engines' SIGKILLed workers to be gone before it sweeps."""
 POOL_PREFIX = "misa-rl-engines-"
 OWNER_FILE = "owner"
 
@@ -62,14 +64,21 @@ class Swept:
         return bool(self.shm_files or self.pool_folders)
 
 
-def _start_time(pid: int) -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot), or None
-    when the process is gone."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` from field 3 (state) on, past the "(comm)" that may
+    hold spaces; None when the process is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text.rpartition(")")[2].split()[19]  # the fields after "(comm)" start at field 3
+    return text.rpartition(")")[2].split()
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot), or None
+    when the process is gone."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
 
 
 def mark_owner(folder: Path) -> None:
@@ -91,12 +100,30 @@ def group_pids(pgids: Iterable[int]) -> set[int]:
     wanted, found = set(pgids), set()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
+            fields = _stat_fields(proc.name)
             try:
-                if int((proc / "stat").read_text().rpartition(")")[2].split()[2]) in wanted:
+                if fields and int(fields[2]) in wanted:
                     found.add(int(proc.name))
-            except (OSError, ValueError, IndexError):
+            except (ValueError, IndexError):
                 continue
     return found
+
+
+def wait_groups_gone(pgids: Iterable[int], timeout_s: float = GROUP_EXIT_WAIT_S,
+                     poll_s: float = 0.05) -> set[int]:
+    """Wait until no process of the groups ``pgids`` is left (killed workers still exiting
+    list their mappings until they are gone), at most ``timeout_s`` seconds.
+
+    Returns:
+        the pids still there at the deadline (empty when all are gone).
+    """
+    pgids = list(pgids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = group_pids(pgids)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll_s)
 
 
 def files_in_use(under: Path, pids: Iterable[int] | None = None) -> set[tuple[int, int]]:
@@ -177,8 +204,9 @@ def sweep_leftovers(shm_dir: Path = SHM_DIR, temp_dir: Path | None = None,
     if swept:
         parts = [f"{own} shared-memory file(s) the stopped engines left"] if own else []
         if files > own:
-            parts.append(f"{files - own} shared-memory file(s) earlier runs left")
+            parts.append(f"{files - own} {'other ' if own else ''}shared-memory file(s) nobody used for a minute")
         if folders:
             parts.append(f"{folders} engine temp folder(s) of killed runs")
-        log.info("removed %s (%.2f GB freed in %s)", ", ".join(parts), size / 1e9, shm_dir)
+        freed = f" ({size / 1e9:.2f} GB freed in {shm_dir})" if files else ""
+        log.info("removed %s%s", ", ".join(parts), freed)
     return swept

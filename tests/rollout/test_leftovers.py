@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rollout.leftovers import (OWNER_FILE, SHM_DIR, Swept, files_in_use, group_pids, mark_owner,
-                               sweep_leftovers)
+                               sweep_leftovers, wait_groups_gone)
 
 # A child that holds one file open and maps another (then closes that one's descriptor),
 # as a running engine holds its ring buffers; it prints "ready" once both are held.
@@ -184,7 +184,7 @@ def test_a_pool_that_stops_its_engines_sweeps_what_they_left(tmp_path, monkeypat
     assert not stale.exists() and not ring.exists() and not opened.exists()  # mapped or open: the engine's
     assert not_ours.exists()  # fresh and never the engine's: the age rule keeps it
     assert ("removed 2 shared-memory file(s) the stopped engines left, "
-            "1 shared-memory file(s) earlier runs left (0.00 GB freed in ") in caplog.text
+            "1 other shared-memory file(s) nobody used for a minute (0.00 GB freed in ") in caplog.text
     attached = engines.EnginePool([engines.EngineHandle(0, "http://127.0.0.1:1", None)])
     kept = _old(shm / "psm_other")
     fresh = shm / "psm_fresh"
@@ -192,6 +192,36 @@ def test_a_pool_that_stops_its_engines_sweeps_what_they_left(tmp_path, monkeypat
     attached.stop()
     assert kept.exists() and fresh.exists() and calls == [1]
     not_ours.unlink()
+
+
+def test_the_stop_waits_for_killed_workers_to_be_gone(tmp_path):
+    # a worker that ignores SIGTERM and outlives its leader; the stop SIGKILLs it, and the
+    # sweep must not run while it is still listed (its mappings would keep the segments)
+    from common.process import ManagedProcess
+
+    script = ("import signal, subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)'])\n"
+              "time.sleep(60)\n")
+    proc = ManagedProcess("engine-0", [sys.executable, "-c", script], tmp_path / "e.log").start()
+    deadline = time.monotonic() + 60
+    while len(group_pids([proc.pid])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(group_pids([proc.pid])) == 2
+    proc.stop(grace_s=1)
+    assert wait_groups_gone([proc.pid], timeout_s=30) == set()
+    assert group_pids([proc.pid]) == set()
+
+
+def test_waiting_for_a_group_that_stays_returns_what_is_left_at_the_deadline(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        assert wait_groups_gone([p.pid], timeout_s=0.3) == {p.pid}
+        assert time.monotonic() - t0 >= 0.3
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_a_fresh_segment_not_held_by_the_stopped_engines_stays(tmp_path):

@@ -77,6 +77,27 @@ def test_stop_ends_the_whole_process_group_and_its_guard(tmp_path):
         kill_marked(marker)
 
 
+def test_stop_ends_the_group_when_its_leader_died_and_was_reaped_first(tmp_path):
+    # vLLM's engine core outlives its API server: a leader that exited, reaped by a health
+    # check's poll(), must not leave its group running (os.getpgid fails on a reaped pid)
+    marker = new_marker()
+    script = ("import subprocess, sys\n"
+              "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              "print('grandchild', w.pid, flush=True)\n")
+    p = ManagedProcess("srv", [sys.executable, "-c", script], tmp_path / "srv.log",
+                       env={MARKER_ENV: marker}).start()
+    try:
+        grandchild = _grandchild_pid(tmp_path / "srv.log", timeout_s=60)
+        deadline = time.monotonic() + 60
+        while p.alive() and time.monotonic() < deadline:  # poll() reaps the leader
+            time.sleep(0.1)
+        assert not p.alive() and _alive(grandchild)
+        p.stop(grace_s=1)
+        assert wait_until_gone(lambda: [g for g in [grandchild] if _alive(g)]) == []
+    finally:
+        kill_marked(marker)
+
+
 def test_health_timeout_error_names_the_process_and_shows_its_log(tmp_path):
     p = ManagedProcess("sleepy", [sys.executable, "-c",
                                   "print('starting slowly', flush=True); import time; time.sleep(60)"],
