@@ -335,9 +335,9 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
                         f"a leading '+', e.g. +{key}=VALUE")
             depth = len(parent.split(".")) if parent else 0
             wrong, rest = key.split(".")[depth], key.split(".")[depth + 1:]  # the first part not found
-            close = difflib.get_close_matches(wrong, keys, n=1)
-            guess = (f"Did you mean '{'.'.join([*filter(None, [parent]), close[0], *rest])}'? "
-                     if close else "")
+            close = [k for k in difflib.get_close_matches(wrong, keys, n=1) if k != wrong]
+            path = ".".join([*filter(None, [parent]), *close[:1], *rest])
+            guess = f"Did you mean '{path}'? " if close and _has_key(cfg, path) else ""  # only a key that is there
             return (f"unknown config key '{key}'. {guess}Valid keys {where}: {', '.join(keys)}. "
                     f"(To add a new key on purpose, write +{key}=...)")
     return str(e).splitlines()[0]

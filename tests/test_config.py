@@ -287,6 +287,11 @@ def test_a_key_like_no_other_gets_no_guess():
     with pytest.raises(ConfigError) as e:
         compose("train", ["trainer.zzzzqqq=3"])
     assert "Did you mean" not in str(e.value) and "Valid keys under 'trainer'" in str(e.value)
+    # a key under a plain value, or a guess that is no key either: no guess rather than a wrong one
+    for override in ("trainer.iterations.foo=3", "trainr.iteratons=3"):
+        with pytest.raises(ConfigError) as e:
+            compose("train", [override])
+        assert "Did you mean" not in str(e.value), str(e.value)
 
 
 def test_a_key_under_an_empty_section_says_to_add_it_with_a_plus():

@@ -207,7 +207,9 @@ class SessionAdmissionConfig:
         checks["k_prior_blocks must be > 0 (or null)"] = self.k_prior_blocks is None or self.k_prior_blocks > 0
         checks["k_min_samples must be >= 1"] = self.k_min_samples >= 1
         checks["min_window_queries_tokens must be >= 0"] = self.min_window_queries_tokens >= 0
-        bad = [f"{msg}, got {getattr(self, msg.split()[0])!r}" for msg, ok in checks.items() if not ok]
+        # each message starts with the option's name: the value given is echoed after it
+        bad = [msg + (f", got {getattr(self, msg.split()[0])!r}" if hasattr(self, msg.split()[0]) else "")
+               for msg, ok in checks.items() if not ok]
         if bad:
             raise ValueError("; ".join(bad))
 

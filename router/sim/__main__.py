@@ -29,6 +29,7 @@ from common.options import build_options
 from router.policies import canonical_policy_name, registered_policy_names
 from router.sim.errors import SimError, SimUnknownNameError
 from router.sim.experiments import (
+    P50_RATIO_LIMIT,
     ClusterSpec,
     RunSpec,
     aggregate,
@@ -37,7 +38,6 @@ from router.sim.experiments import (
     ceilings_headline,
     ceilings_markdown,
     ceilings_points,
-    P50_RATIO_LIMIT,
     check_policy_params,
     composition_markdown,
     decode_ceiling_headline,
@@ -108,8 +108,8 @@ VALUE_RULES: dict[str, Rule] = {
     "ceilings.baseline": (is_text, "a policy name such as vllm_router"),
     "ceilings.policies": (lambda v: isinstance(v, list) and bool(v) and all(is_text(x) for x in v),
                           "a non-empty list of policy names, e.g. [kv_horizon]"),
-    "ceilings.factors": (lambda v: isinstance(v, list) and bool(v) and all(number(above=0)(x) for x in v),
-                         "a non-empty list of factors > 0 on the baseline's best ceiling, e.g. [1, 1.5, 2]"),
+    "ceilings.factors": (lambda v: isinstance(v, list) and bool(v) and all(number(above=0, at_most=100)(x) for x in v),
+                         "a non-empty list of factors in (0, 100] on the baseline's best ceiling, e.g. [1, 1.5, 2]"),
     "delay_factor": (number(above=0), "a factor > 0"),
     "sensitivity.policy": (is_text, "a policy name such as misa_t"),
     "sensitivity.params": (_sweep, "a mapping option -> non-empty list of values"),
@@ -482,10 +482,10 @@ class Experiment:
         base_pol = canonical_policy_name(cc["baseline"])
         policies = [canonical_policy_name(p) for p in cc["policies"]]
         for key, pol in [("ceilings.baseline", base_pol), *(("ceilings.policies", p) for p in policies)]:
-            try:  # a bad name or option refused before the sweep runs, naming the key that gave it
-                check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)
-            except SimError as e:
-                raise type(e)(f"{key}: {e}") from None
+            if pol not in registered_policy_names():  # refused before the sweep runs, naming its key
+                raise SimUnknownNameError(f"{key}: unknown router policy {pol!r}; choose one of: "
+                                          f"{', '.join(registered_policy_names())}")
+            check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)  # its policy_params
         sweep = [f"{base_pol}@{self.ceiling(x)}" for x in c.sweep_ceilings]
         results = self.run([self.spec(lb, base_pol, self.ceiling(x), s)
                             for lb, x in zip(sweep, c.sweep_ceilings) for s in self.seeds],

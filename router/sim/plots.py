@@ -6,6 +6,8 @@ Like the paper's Figure 4 (admission caps under prefix-cache pressure) and Figur
 
 from __future__ import annotations
 
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -77,9 +79,9 @@ RATIO_TICKS = (0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100, 200)
 
 def ratio_ticks(ratios: list[float], limit: float) -> list[float]:
     """Labelled ticks for a log axis of ratios: those of :data:`RATIO_TICKS` within the
-    ratios' range and ``limit`` (NaN left out), widened by 1.5x each way; a range between two
+    ratios' range and ``limit`` (NaN and inf left out), widened by 1.5x each way; a range between two
     powers of ten still gets labels."""
-    values = [r for r in ratios if r == r] + [limit]
+    values = [r for r in ratios if math.isfinite(r)] + [limit]
     return [t for t in RATIO_TICKS if min(values) / 1.5 <= t <= max(values) * 1.5]
 
 
@@ -97,7 +99,11 @@ def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], li
         pts = sorted(pts)
         x = [p[0] for p in pts]
         ax.errorbar(x, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=policy)
-        ax2.plot(x, [p[3] for p in pts], marker="o", label=policy)
+        ax2.plot(x, [p[3] if math.isfinite(p[3]) else math.nan for p in pts], marker="o", label=policy)
+        starved = [p[0] for p in pts if math.isinf(p[3])]
+        if starved:  # a class the run did not complete: marked at the top, off the scale
+            ax2.plot(starved, [max(ratio_ticks([p[3] for p in pts], limit))] * len(starved), "x", color="r",
+                     label=f"{policy}: a class none completed")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("ceiling / the baseline's best ceiling")
     ax.set_ylabel("samples/min vs baseline (%)")

@@ -33,7 +33,9 @@ def test_completion_ratios_are_per_class_p50_over_the_baselines_in_the_papers_or
     r = completion_ratios(AGG["kv_horizon@160"], AGG["vllm_router@128"])
     assert list(r) == ["agent", "rlvr", "rlhf"]
     assert r == pytest.approx({"agent": 1.2, "rlvr": 1.1, "rlhf": 1.5})
-    assert completion_ratios(AGG["kv_horizon@512"], AGG["vllm_router@128"]) == pytest.approx({"agent": 4.0, "rlvr": 3.0})
+    # a class the baseline completed and the run did not is starved: it fails the goal
+    assert completion_ratios(AGG["kv_horizon@512"], AGG["vllm_router@128"]) == pytest.approx(
+        {"agent": 4.0, "rlvr": 3.0, "rlhf": math.inf})
 
 
 def test_the_headline_names_the_factor_the_change_and_the_largest_ratio_against_2x():
@@ -41,7 +43,11 @@ def test_the_headline_names_the_factor_the_change_and_the_largest_ratio_against_
     assert h == ("kv_horizon@160 (1.25x) vs vllm_router@128 (sweep-tuned): +10.0% ± 10.0 samples/min, "
                  "largest p50 completion ratio 1.50x (rlhf; within 2x)")
     h = ceilings_headline(AGG, "kv_horizon@512", 4, "vllm_router@128")
-    assert h.endswith("+20.0% ± 0.0 samples/min, largest p50 completion ratio 4.00x (agent; over 2x)")
+    assert h.endswith("+20.0% ± 0.0 samples/min, largest p50 completion ratio none completed (rlhf; over 2x)")
+    starved = {**AGG, "kv_horizon@140": _row("kv_horizon", 140, 5.2, {"agent": 400.0, "rlvr": 300.0})}
+    assert ceilings_headline(starved, "kv_horizon@140", 140 / 128, "vllm_router@128").startswith(
+        "kv_horizon@140 (1.09x) vs")  # the factor in three digits, as run
+    assert "(rlhf; over 2x)" in ceilings_headline(starved, "kv_horizon@140", 1.09, "vllm_router@128")
     assert ceilings_headline(AGG, "misa_t@128", 1, "vllm_router@128").endswith(": not measured")
 
 
@@ -49,20 +55,22 @@ def test_the_table_and_the_plot_points_hold_every_run():
     rows = [("kv_horizon@160", 1.25), ("kv_horizon@512", 4.0)]
     md = ceilings_markdown(AGG, "vllm_router@128", rows, "t")
     assert "| vllm_router@128 | 128 (1x) | 5.00 | +0.0% ± 0.0 | +0.0% | 1.00x / 1.00x / 1.00x | 0.40 | 90.0% |" in md
-    assert "| kv_horizon@512 | 512 (4x) | 6.00 | +20.0% ± 0.0 | +20.0% | 4.00x / 3.00x / - |" in md
+    assert "| kv_horizon@512 | 512 (4x) | 6.00 | +20.0% ± 0.0 | +20.0% | 4.00x / 3.00x / none completed |" in md
     pts = ceilings_points(AGG, "vllm_router@128", rows)
     assert list(pts) == ["kv_horizon"]
     (f1, d1, s1, w1), (f2, d2, _, w2) = pts["kv_horizon"]
     assert (f1, f2) == (1.25, 4.0) and d1 == pytest.approx(10.0) and s1 == pytest.approx(10.0)
-    assert w1 == pytest.approx(1.5) and w2 == pytest.approx(4.0)
-    assert math.isnan(ceilings_points({**AGG, "x": _row("x", 1, 1.0, {})}, "vllm_router@128", [("x", 1)])["x"][0][3])
+    assert w1 == pytest.approx(1.5) and math.isinf(w2)
+    empty_base = {"b": _row("b", 1, 1.0, {}), "x": _row("x", 1, 1.0, {"agent": 1.0})}  # nothing to compare with
+    assert math.isnan(ceilings_points(empty_base, "b", [("x", 1)])["x"][0][3])
 
 
 def test_the_ratio_axis_is_labelled_between_two_powers_of_ten(tmp_path):
     # a fresh user's plot had ratios 1.26x-6.07x and a log axis with no labelled tick
     assert ratio_ticks([1.26, 1.41, 6.07], 2.0) == [1, 1.25, 1.5, 2, 3, 5]
     assert ratio_ticks([float("nan"), 30.0], 2.0) == [1.5, 2, 3, 5, 10, 20]
-    plot_ceilings({"kv_horizon": [(1, 2.4, 0.0, 1.26), (1.33, 10.7, 0.0, 1.41), (4, 29.9, 0.0, 6.07)]}, 2.0,
+    assert ratio_ticks([1.2, math.inf], 2.0) == [1, 1.25, 1.5, 2, 3]  # a starved class: off the scale
+    plot_ceilings({"kv_horizon": [(1, 2.4, 0.0, 1.26), (1.33, 10.7, 0.0, 1.41), (4, 29.9, 0.0, math.inf)]}, 2.0,
                   str(tmp_path / "c.png"), "t")
     assert (tmp_path / "c.png").stat().st_size > 10_000
 
@@ -92,7 +100,10 @@ def test_the_experiment_sweeps_the_baseline_runs_each_factor_and_ends_with_one_h
 @pytest.mark.parametrize("override, expected", [
     ("ceilings.policies=[bogus]", "ceilings.policies: unknown router policy 'bogus'"),
     ("ceilings.baseline=nope", "ceilings.baseline: unknown router policy 'nope'"),
-    ("ceilings.factors=[0]", "ceilings.factors=[0] is invalid: give a non-empty list of factors > 0"),
+    ("ceilings.factors=[0]", "ceilings.factors=[0] is invalid: give a non-empty list of factors in (0, 100]"),
+    ("ceilings.factors=[inf]", "ceilings.factors=[inf] is invalid"),
+    ("+policy_params.kv_horizon.backfil_share=0.1", "router policy 'kv_horizon': unknown option(s) 'backfil_share' "
+     "(did you mean 'backfill_share'?)"),
 ])
 def test_a_bad_ceilings_option_is_refused_before_any_run(tmp_path, override, expected):
     p = run_cli("experiment=ceilings", "seeds=[0]", "scale=0.05", "workers=1", override, tmp_path=tmp_path)
