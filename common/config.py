@@ -131,13 +131,7 @@ def _key_paths_named(config_name: str, name: str, argv: Sequence[str]) -> list[s
     config composed from ``argv``'s overrides (its dashed words and their values left out),
     shortest first; [] when that config cannot be composed (another mistake on the line,
     reported once this one is fixed)."""
-    overrides, skip = [], False
-    for a in argv:
-        if skip or a.startswith("-"):
-            skip = a.startswith("-") and "=" not in a
-            continue
-        if "=" in a:
-            overrides.append(a)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]  # a flag's value has no '='
     try:
         cfg = compose(config_name, overrides)
     except Exception:  # noqa: BLE001 -- a hint only: the refusal stands without it
@@ -150,13 +144,12 @@ def _key_paths_named(config_name: str, name: str, argv: Sequence[str]) -> list[s
                 path = f"{prefix}{k}"
                 if path == name or path.endswith("." + name):
                     found.append(path)
-                try:
-                    child = node._get_node(k)  # unresolved: an interpolation is not resolved here
-                except Exception:  # noqa: BLE001
-                    continue
-                walk(child, path + ".")
+                walk(node._get_node(k), path + ".")  # the node, unresolved: no interpolation resolved here
 
-    walk(cfg, "")
+    try:
+        walk(cfg, "")
+    except Exception:  # noqa: BLE001 -- a config the walk cannot read: no hint
+        return []
     return sorted(found, key=lambda p: (p.count("."), p))
 
 
