@@ -26,8 +26,8 @@ import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
 from common.config import (RECIPES_DIR, Rule, check_values, hydra_entry, is_seed, is_text, number, or_null,
                            register_user_error)
 from common.options import build_options
-from router.policies import canonical_policy_name, registered_policy_names
-from router.sim.errors import SimError, SimUnknownNameError
+from router.policies import canonical_policy_name, policy_config_class, registered_policy_names
+from router.sim.errors import SimError, SimUnknownNameError, as_sim_errors
 from router.sim.experiments import (
     P50_RATIO_LIMIT,
     ClusterSpec,
@@ -482,9 +482,11 @@ class Experiment:
         base_pol = canonical_policy_name(cc["baseline"])
         policies = [canonical_policy_name(p) for p in cc["policies"]]
         for key, pol in [("ceilings.baseline", base_pol), *(("ceilings.policies", p) for p in policies)]:
-            if pol not in registered_policy_names():  # refused before the sweep runs, naming its key
-                raise SimUnknownNameError(f"{key}: unknown router policy {pol!r}; choose one of: "
-                                          f"{', '.join(registered_policy_names())}")
+            try:  # the name refused before the sweep runs, with the registry's message and its key
+                with as_sim_errors():
+                    policy_config_class(pol)
+            except SimError as e:
+                raise type(e)(f"{key}: {e}") from None
             check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)  # its policy_params
         sweep = [f"{base_pol}@{self.ceiling(x)}" for x in c.sweep_ceilings]
         results = self.run([self.spec(lb, base_pol, self.ceiling(x), s)
