@@ -17,8 +17,8 @@ but never less than their classes' mean lifetime footprint::
                gamma_b = the class's mean growth rate over completed sessions, (final -
                first prompt) tokens / residency, r_w (measured per-sequence decode rate)
                before 8 of them; G_b = their mean (final - first prompt) tokens, before 8
-               of them the footprint prior below minus the class's mean first prompt
-               (``growth_bound``): no session reserves more growth than a whole one adds;
+               of them the footprint prior below (``growth_bound``): no session reserves
+               more growth than a whole one adds;
                and for a session's last request (``X-Session-End``) at most its
                ``max_tokens`` (``request_bound``): it cannot decode more;
                and at most what it has left, G_b - grown_s (``growth_remaining``):
@@ -152,12 +152,7 @@ class KvHorizonConfig:
     tokens of completed sessions): a session is not expected to add more over the horizon
     than a whole session of its class adds in its life; before 8 of them completed, not more
     than the footprint prior (the lifetime floor's, at most ``footprint_prior_share`` of the
-    instance) minus the mean first prompt of the class's sessions admitted so far: the prior is
-    a whole session's footprint, so a session that starts with its first prompt can add the
-    rest of it, not a whole prior on top (a young agent session of a 3-block prompt reserved
-    3 + 11.6 blocks on the default recipe's engines of 93 blocks, so 8 of the first release's
-    12 agent sessions entered and every younger one waited behind the rest; the first
-    generation took 122 s against the vLLM Router's 94 s, seeds 3 and 4). An unmeasured growth of r_w x ``horizon_s`` reserved most of an engine per
+    instance): an unmeasured growth of r_w x ``horizon_s`` reserved most of an engine per
     young session (measured on 2 real CPU engines of 64 blocks: 2-3 requests running per
     engine and KV usage 0.1-0.3 for the first minute, while the vLLM Router ran 25; on the
     simulated replicas the prior is 32,768 tokens and binds only at the start: scale 1,
@@ -392,7 +387,6 @@ class KvHorizonPolicy:
         self.session_growth: dict[str, BoundedHistory] = {}  # per class: gamma_b samples (tokens/s)
         self.whole_growth: dict[str, BoundedHistory] = {}  # per class: G_b samples (tokens per session)
         self.footprints: dict[str, BoundedHistory] = {}  # per class: Z_s / T_s of completed sessions (blocks)
-        self._first_prompts: dict[str, tuple[int, int]] = {}  # per class: (Σ first prompt tokens, sessions) admitted
         self._block_size: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
         self._now = 0.0
@@ -445,15 +439,10 @@ class KvHorizonPolicy:
 
     def _whole_growth_blocks(self, workload_class: str, bs: int, instance: str) -> float:
         """G_b in blocks: the mean (final - first prompt) tokens of completed class-b sessions
-        once 8 completed; before that the class's footprint prior on ``instance`` less the
-        mean first prompt of the class's sessions admitted so far (the prior itself before
-        the first), at least 0."""
+        once 8 completed, before that the class's footprint prior on ``instance``."""
         whole = self.whole_growth.get(workload_class)
-        if whole is not None and len(whole) >= 8:
-            return whole.mean() / bs
-        prior = self._footprint_blocks(workload_class, instance)
-        total, count = self._first_prompts.get(workload_class, (0, 0))
-        return max(0.0, prior - total / count / bs) if count else prior
+        return (whole.mean() / bs if whole is not None and len(whole) >= 8
+                else self._footprint_blocks(workload_class, instance))
 
     def _remaining_blocks(self, load: _InstanceLoad, workload_class: str, bs: int, instance: str, now: float,
                           idle: int) -> float:
@@ -632,8 +621,6 @@ class KvHorizonPolicy:
         if not rec.rebound:
             rec.shared_blocks = min(matched.get(instance, 0), request.prompt_tokens // bs)
             rec.first_tokens, rec.admitted_s = request.prompt_tokens, now
-            total, count = self._first_prompts.get(rec.workload_class, (0, 0))
-            self._first_prompts[rec.workload_class] = (total + request.prompt_tokens, count + 1)
             rec.first_own_blocks = max(0, request.prompt_tokens // bs - rec.shared_blocks)
             rec.integrate(now, 0)
         _bump(load.sessions_by_class, rec.workload_class, 1)

@@ -68,9 +68,7 @@ def test_reservation_is_current_blocks_plus_decode_so_far_plus_horizon_growth() 
 
 
 def test_default_reservation_is_the_engines_count_plus_new_prompts_plus_session_growth() -> None:
-    # a footprint prior of the whole instance (100 blocks), so the growth bound (prior less the
-    # 20-block first prompt) does not bind
-    p = policy(current_from="metrics", growth_model="session", footprint_prior_share=1.0)
+    p = policy(current_from="metrics", growth_model="session")
     view = cluster("w0")
     start(p, req("s0", tokens=320), view, 0.5)  # after the sample of t = 0 (usage 0)
     # 0 measured + 20 prompt blocks started since + gamma prior (r_w = 10 tok/s) x 16 s = 10 blocks
@@ -115,30 +113,10 @@ def test_growth_is_at_most_a_whole_session_of_the_class() -> None:
     p = policy(current_from="metrics", growth_model="session", growth_bound=True, footprint_prior_share=0.05)
     assert p._session_growth_blocks(p._load("w0"), "agent", 16, "w0") == pytest.approx(5.0)
     start(p, req("s0", cls="agent", tokens=320), cluster("w0"), 0.5)
-    # the prior is a whole session's footprint: a session admitted with a 20-block first prompt
-    # can add max(0, 5 - 20) = 0 more, so it reserves its prompt alone
-    assert p._session_growth_blocks(p._load("w0"), "agent", 16, "w0") == pytest.approx(0.0)
-    assert p.reserved_blocks("w0", 0.5) == pytest.approx(20.0)
+    assert p.reserved_blocks("w0", 0.5) == pytest.approx(20 + 5.0)
     # without growth_bound the young session reserves the whole r_w x horizon
     p = policy(current_from="metrics", growth_model="session", growth_bound=False, footprint_prior_share=0.05)
     assert p._session_growth_blocks(p._load("w0"), "agent", 16, "w0") == pytest.approx(10.0)
-
-
-def test_a_young_session_reserves_the_prior_footprint_not_its_prompt_plus_the_prior() -> None:
-    # before 8 sessions of the class completed, G_b is the footprint prior (1/8 of 100 blocks =
-    # 12.5) less the mean first prompt of the class's admitted sessions (64 tokens = 4 blocks):
-    # each young session reserves max(4 + min(r_w x horizon 10, 12.5 - 4), 12.5) = 12.5 blocks,
-    # so 7 fit the budget of 90 (a growth of the whole prior on top, 14 blocks each, let 6 in)
-    p = policy(current_from="metrics", growth_model="session", growth_bound=True, lifetime_floor=True,
-               footprint_prior_share=0.125)
-    view = cluster("w0")
-    for i in range(7):
-        start(p, req(f"s{i}", tokens=64), view, 0.5)
-    assert p._whole_growth_blocks("agent", 16, "w0") == pytest.approx(12.5 - 4)
-    assert p.reserved_blocks("w0", 0.5) == pytest.approx(7 * 12.5)
-    assert isinstance(p.decide(req("s7", tokens=64), view, 0.5), Hold)
-    # another class has its own mean first prompt (none admitted yet: the whole prior)
-    assert p._whole_growth_blocks("rlvr", 16, "w0") == pytest.approx(12.5)
 
 
 def test_lifetime_floor_reserves_the_class_mean_footprint_for_young_sessions() -> None:
@@ -217,7 +195,7 @@ def test_request_bound_applies_to_the_last_request_only_and_leaves_with_it() -> 
 
 
 def test_stale_metrics_fall_back_to_the_model() -> None:
-    p = policy(current_from="metrics", growth_model="session", footprint_prior_share=1.0)  # bound not binding
+    p = policy(current_from="metrics", growth_model="session")
     start(p, req("s0", tokens=320), cluster("w0"), 0.5)
     # 60 s later the last sample is stale: prompt 20 + decoded 10 tok/s x 59.5 s / 16 + growth 10
     assert p.reserved_blocks("w0", 60.0) == pytest.approx(20 + 595 / 16 + 10)
@@ -467,9 +445,9 @@ def test_a_session_that_ends_returns_exactly_its_reservation(remaining: bool) ->
 
 
 def test_growth_remaining_reserves_what_a_session_has_left_to_grow() -> None:
-    # G_b before 8 sessions completed = the footprint prior (32.5 blocks) less the class's mean
-    # first prompt (20 blocks) = 12.5 blocks; g = min(r_w x horizon = 10 blocks, 12.5) = 10
-    p = policy(growth_model="session", growth_remaining=True, footprint_prior_share=0.325)
+    # G_b before 8 sessions completed = the footprint prior, 1/8 of 100 blocks = 12.5 blocks;
+    # g = min(r_w x horizon = 10 blocks, 12.5) = 10
+    p = policy(growth_model="session", growth_remaining=True)
     start(p, req("s0", tokens=320), cluster("w0"), 0.0)  # 20 own prompt blocks
     assert p.reserved_blocks("w0", 0.0) == pytest.approx(20 + 10)  # young: the whole horizon growth
     # t = 8 s: decoded 5 blocks, left 12.5 - 5 = 7.5 < 10 (a whole growth again would be 35)
@@ -502,11 +480,10 @@ def test_growth_remaining_follows_the_measured_whole_session_growth() -> None:
 
 
 def test_a_request_decoding_past_its_class_growth_does_not_lower_another_sessions_reservation() -> None:
-    # G_b = the prior 32.5 blocks less the 20-block first prompt = 12.5 blocks = 200 tokens = 20 s
-    # of decode at 10 tok/s. "old" decodes for 50 s (31.25 blocks, far past G_b); summed
-    # unclipped it would cancel the young session's growth (2 x 12.5 - 31.25 < 0). It leaves
-    # the growing sums after 20 s instead.
-    p = policy(growth_model="session", growth_remaining=True, footprint_prior_share=0.325)
+    # G_b = the prior 12.5 blocks = 200 tokens = 20 s of decode at 10 tok/s. "old" decodes for
+    # 50 s (31.25 blocks, far past G_b); summed unclipped it would cancel the young session's
+    # growth (2 x 12.5 - 31.25 < 0). It leaves the growing sums after 20 s instead.
+    p = policy(growth_model="session", growth_remaining=True)
     start(p, req("old", tokens=320), cluster("w0"), 0.0)
     assert p.reserved_blocks("w0", 19.0) == pytest.approx(20 + 19 * 10 / 16 + (12.5 - 19 * 10 / 16))
     start(p, req("young", tokens=320), cluster("w0"), 50.0)
