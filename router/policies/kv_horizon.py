@@ -66,7 +66,6 @@ Placement among instances with room, MISA-T Eq. 1 with the prefix index's match
 H_{r,w} and the reservation fill as the backlog term::
 
     c_w = (L_r - H_{r,w}) / block_size + balance_blocks * R_w(t) / (U_w num_blocks_w)
-          + running_blocks * (requests running on w)
 
 GRPO siblings share their group prompt, so a sibling follows the first one (longer match)
 unless that instance is much fuller.
@@ -229,15 +228,6 @@ class KvHorizonConfig:
     (a few waiting prefills are normal under chunked prefill)."""
     balance_blocks: float = 64.0
     """Eq. 1 backlog weight: a full instance costs as much as 64 uncached prompt blocks."""
-    running_blocks: float = 0.0
-    """Placement cost of each request running on an instance, in uncached prompt blocks (a
-    compute-load term beside the KV fill of ``balance_blocks``). 0 by default: on the
-    simulated GPU replicas a step's cost hardly grows with its batch, so KV is the load that
-    matters. On engines of one CPU core each a step grows by about 1.3 ms per decoding
-    sequence and a short prompt matches no full block, so the KV fill alone put 8 rlvr
-    sessions on one engine while the other ran 3-4 (the default recipe's first generation);
-    there a value of a few blocks places like the vLLM Router's fewest-in-flight rule unless
-    the prefix saves more."""
     fallback_num_blocks: int = 364
     """KV blocks assumed before an instance reports its size (the smallest engine here)."""
     block_size_fallback_tokens: int = 16
@@ -270,8 +260,7 @@ class KvHorizonConfig:
                      "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"):
             if not getattr(self, name) > 0:
                 bad.append(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "running_blocks",
-                     "class_floor_sessions",
+        for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "class_floor_sessions",
                      "waiting_limit"):
             if getattr(self, name) < 0:
                 bad.append(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -590,7 +579,7 @@ class KvHorizonPolicy:
                 continue
             if behind and load.backfill_blocks + need > cfg.backfill_share * budget:
                 continue  # past the queue only within the backfill share
-            cost = own + cfg.balance_blocks * reserved / max(budget, 1e-9) + cfg.running_blocks * load.running  # c_w
+            cost = own + cfg.balance_blocks * reserved / max(budget, 1e-9)  # c_w (Eq. 1, in blocks)
             if cost < best_cost:
                 best, best_cost, best_need = v, cost, need
         if best is not None:

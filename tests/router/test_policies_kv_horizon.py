@@ -417,25 +417,6 @@ def test_placement_prefers_the_prefix_match_unless_that_instance_is_much_fuller(
     assert start(p, r2, view, 0.0) == "w0"
 
 
-def test_running_blocks_weighs_the_requests_running_on_each_instance() -> None:
-    # w1 runs one session reserving 10 blocks (64 x 10/90 = 7.1 of cost); 8 short sessions
-    # (no full prompt block, 1 block each) follow. By the KV fill alone all 8 go to w0 (its
-    # fill stays below w1's); at 2 blocks per running request w0's cost after k of them is
-    # 2.71 k against w1's 9.11 + 2.71 j, so w1 takes the 5th and the 7th
-    from collections import Counter
-
-    for running_blocks, expected in ((0.0, {"w0": 8}), (2.0, {"w0": 6, "w1": 2})):
-        p = policy(running_blocks=running_blocks)
-        view = cluster("w0", "w1")
-        start(p, req("big", tokens=8), ClusterView((view.instances[1],)), 0.0)
-        assert p.reserved_blocks("w1", 0.0) == pytest.approx(10.0)
-        placed = Counter(start(p, req(f"s{i}", tokens=8, session_end=True, max_tokens=16), view, 0.0)
-                         for i in range(8))
-        assert placed == expected
-    with pytest.raises(ValueError, match="running_blocks must be >= 0, got -1"):
-        policy(running_blocks=-1.0)
-
-
 def test_abandoned_hold_is_forgotten_and_does_not_block_the_queue() -> None:
     p = policy(class_floor_sessions=0)
     view = cluster("w0")
