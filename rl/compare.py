@@ -6,11 +6,21 @@ them: iteration time, requests/min, samples/min, prefill and decode tok/s as cha
 relative to the first router, prefix hit rate and the consumed mixture. The table is
 also written to ``<run_dir>/comparison.md`` and a plot of the consumed mixture over
 iterations per router to ``<run_dir>/mixture.png``.
+
+``seed=[3,4,5]`` runs every router on each seed, seed by seed (the routers side by side,
+so a drift in the machine's speed over the hours falls on all of them), each seed in
+``<run_dir>/seed-<n>/`` as above, then writes ``summary.md`` / ``summary.json`` /
+``summary.png``: each change against the first router as mean ± spread (sample standard
+deviation) over the seeds with its per-seed values, the last iteration's TV distance and
+the first iteration's time per router. A router named twice (``routers=[vllm,vllm]``) runs
+twice, the repeat labelled ``vllm-2``: an A/A control of how far two runs of one router
+differ on the machine.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig
 from rich.table import Table
 
-from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry
+from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, is_seed
 from common.console import output_console
 from rl.report import run_summary
 
@@ -50,17 +60,120 @@ def comparison_rows(summaries: dict[str, dict]) -> tuple[list[str], list[list[st
 
 def check_train_runs(runs: dict[str, list[str]]) -> None:
     """Run ``rl.train``'s pre-start checks (``compose`` and ``rl.train.validate_job_cfg``)
-    on each run's overrides (router -> its ``rl.train`` overrides), so a bad
+    on each run's overrides (a name of the run -> its ``rl.train`` overrides), so a bad
     ``train_overrides`` entry is refused before the first run starts.
 
     Raises:
         ConfigError (and the other errors ``validate_job_cfg`` names): the first bad value
-            (the runs differ only in ``router=``, which ``main`` checked already).
+            (the runs differ only in ``router=`` and ``seed=``, which ``main`` checked already).
     """
     from rl.train import validate_job_cfg
 
     for overrides in runs.values():
         validate_job_cfg(compose("train", overrides))
+
+
+def run_labels(routers: list[str]) -> list[str]:
+    """One label (and run folder name) per entry of ``routers``: the router's name, with
+    ``-2``, ``-3``, ... on its repeats (``[vllm, vllm]`` -> ``[vllm, vllm-2]``)."""
+    seen: dict[str, int] = {}
+    labels = []
+    for r in routers:
+        seen[r] = seen.get(r, 0) + 1
+        labels.append(r if seen[r] == 1 else f"{r}-{seen[r]}")
+    return labels
+
+
+def seed_list(value) -> list[int]:
+    """``seed``: one seed or a list of them, as a list of ints.
+
+    Raises:
+        ConfigError: a value that is not a whole number >= 0, an empty list, or a seed given
+            twice (its runs would only repeat the same data); the message shows both forms.
+    """
+    values = list(value) if isinstance(value, ListConfig | list | tuple) else [value]
+    bad = [v for v in values if not is_seed(v)]
+    if bad or not values or len(set(values)) != len(values):
+        why = (f"{bad[0]!r} is not a whole number >= 0" if bad else "the list is empty" if not values
+               else "a seed is given twice")
+        shown = f"[{','.join(str(v) for v in values)}]" if isinstance(value, ListConfig | list | tuple) else value
+        raise ConfigError(f"seed={shown}: {why}; give one seed (seed=0) or a list of different ones (seed=[3,4,5])")
+    return [int(v) for v in values]
+
+
+def first_iteration_s(history: list[dict]) -> float | None:
+    """The first iteration's time (s): the one that starts on cold engines and a cold router."""
+    its = [h for h in history if "iteration_s" in h]
+    return its[0]["iteration_s"] if its else None
+
+
+def seeds_summary(per_seed: dict[int, dict[str, dict]], first_iterations: dict[int, dict[str, float | None]]) -> dict:
+    """Over the seeds: per router (after the first) and Table-4 figure, the change against the
+    first router in % per seed, its mean and spread (sample standard deviation; 0 for one
+    seed); per router the mean TV distance of the last iteration (points), prefix hit and
+    first iteration time (s).
+
+    Args:
+        per_seed: ``{seed: {label: run_summary(...)}}``, every seed with the same labels in order.
+        first_iterations: ``{seed: {label: first_iteration_s(...)}}``.
+
+    Returns:
+        ``{"seeds": [...], "baseline": label, "changes": {label: {figure: {"per_seed": [...],
+        "mean": x, "spread": y}}}, "routers": {label: {"tv_pp": ..., "prefix_hit": ...,
+        "first_iteration_s": ..., "iteration_s": ...}}}``; a figure missing from a seed's
+        run is left out of that router's changes.
+    """
+    seeds = list(per_seed)
+    labels = list(per_seed[seeds[0]])
+    base = labels[0]
+
+    def mean_of(label: str, key: str, scale: float = 1.0) -> float | None:
+        vals = [per_seed[s][label].get(key) for s in seeds]
+        return None if any(v is None for v in vals) else statistics.mean(vals) * scale
+
+    changes: dict[str, dict] = {}
+    for label in labels[1:]:
+        changes[label] = {}
+        for key, _ in RELATIVE:
+            pairs = [(per_seed[s][label].get(key), per_seed[s][base].get(key)) for s in seeds]
+            if any(v is None or not b for v, b in pairs):
+                continue
+            rel = [(v / b - 1) * 100 for v, b in pairs]
+            changes[label][key] = {"per_seed": rel, "mean": statistics.mean(rel),
+                                   "spread": statistics.stdev(rel) if len(rel) > 1 else 0.0}
+    routers = {}
+    for label in labels:
+        firsts = [first_iterations[s][label] for s in seeds]
+        routers[label] = {"tv_pp": mean_of(label, "tv_distance", 100.0),
+                          "prefix_hit": mean_of(label, "prefix_hit_rate"),
+                          "iteration_s": mean_of(label, "iteration_s"),
+                          "first_iteration_s": None if None in firsts else statistics.mean(firsts)}
+    return {"seeds": seeds, "baseline": base, "changes": changes, "routers": routers}
+
+
+def seeds_markdown(summary: dict, title: str) -> str:
+    """``seeds_summary`` as markdown: the changes table (mean ± spread, per seed), then the
+    per-router figures."""
+    seeds, base = summary["seeds"], summary["baseline"]
+    out = [f"# {title}", "", f"Change against {base}, mean ± spread over seeds {seeds} (per seed in brackets).", "",
+           "| Router | " + " | ".join(label for _, label in RELATIVE) + " |", "|---|" + "---|" * len(RELATIVE)]
+    for label, figs in summary["changes"].items():
+        cells = []
+        for key, _ in RELATIVE:
+            f = figs.get(key)
+            cells.append("n/a" if f is None else f"{f['mean']:+.1f}% ± {f['spread']:.1f} ("
+                         + ", ".join(f"{x:+.1f}" for x in f["per_seed"]) + ")")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += ["", "| Router | iteration (s) | first iteration (s) | TV, last iteration (pp) | prefix hit |",
+            "|---|---|---|---|---|"]
+
+    def fmt(v, spec: str) -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    for label, r in summary["routers"].items():
+        out.append(f"| {label} | {fmt(r['iteration_s'], '.1f')} | {fmt(r['first_iteration_s'], '.1f')} | "
+                   f"{fmt(r['tv_pp'], '.2f')} | {fmt(r['prefix_hit'], '.1%')} |")
+    return "\n".join(out) + "\n"
 
 
 def list_option(cfg: DictConfig, key: str, example: str) -> list[str]:
@@ -80,27 +193,56 @@ def list_option(cfg: DictConfig, key: str, example: str) -> list[str]:
 def main(cfg: DictConfig) -> None:
     console = output_console()
     routers = list_option(cfg, "routers", "'routers=[vllm,misa-t]'")
-    if len(routers) < 2 or len(set(routers)) != len(routers):
-        raise ConfigError(f"routers={routers}: give two or more different router options, e.g. [vllm,misa-t]")
+    if len(routers) < 2:
+        raise ConfigError(f"routers={routers}: give two or more router options, e.g. [vllm,misa-t] "
+                          "(the same one twice, [vllm,vllm], for an A/A control)")
     unknown = [r for r in routers if r not in group_options("router")]
     if unknown:
         raise ConfigError(f"routers: {unknown} are not router options; valid: {', '.join(group_options('router'))}")
+    seeds = seed_list(cfg.seed)
+    labels = run_labels(routers)
     recipe = HydraConfig.get().runtime.choices["recipe"]
     run_dir = Path(cfg.run_dir)
-    runs = {r: [f"recipe={recipe}", f"router={r}", f"seed={cfg.seed}", f"run_dir={run_dir / r}",
-                *list_option(cfg, "train_overrides", "'train_overrides=[\"trainer.iterations=4\"]'")] for r in routers}
-    check_train_runs(runs)
-    summaries, histories = {}, {}
-    for r in routers:
-        out = run_dir / r
-        argv = [sys.executable, "-m", "rl.train", *runs[r]]
-        console.print(f"[bold]router={r}[/bold]: {' '.join(argv[1:])}")
-        if subprocess.run(argv, cwd=REPO_ROOT).returncode != 0:
-            raise RunFailedError(f"the run with router={r} failed; its logs are in {out / 'logs'}")
-        histories[r] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        summaries[r] = run_summary(histories[r])
+    overrides = list_option(cfg, "train_overrides", "'train_overrides=[\"trainer.iterations=4\"]'")
+
+    def seed_dir(seed: int) -> Path:
+        return run_dir if len(seeds) == 1 else run_dir / f"seed-{seed}"
+
+    runs = {(seed, label): [f"recipe={recipe}", f"router={router}", f"seed={seed}",
+                            f"run_dir={seed_dir(seed) / label}", *overrides]
+            for seed in seeds for label, router in zip(labels, routers)}
+    check_train_runs({f"{label}, seed {seed}": argv for (seed, label), argv in runs.items()})
+    per_seed: dict[int, dict[str, dict]] = {}
+    firsts: dict[int, dict[str, float | None]] = {}
+    for seed in seeds:
+        histories = {}
+        for label in labels:
+            out = seed_dir(seed) / label
+            argv = [sys.executable, "-m", "rl.train", *runs[(seed, label)]]
+            console.print(f"[bold]{label}[/bold]: {' '.join(argv[1:])}")
+            if subprocess.run(argv, cwd=REPO_ROOT).returncode != 0:
+                raise RunFailedError(f"the run with {runs[(seed, label)][1]} (seed {seed}) failed; its logs are in "
+                                     f"{out / 'logs'}" + (f"; the seeds before it are in {run_dir}" if seed != seeds[0]
+                                                            else ""))
+            histories[label] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        per_seed[seed] = {label: run_summary(h) for label, h in histories.items()}
+        firsts[seed] = {label: first_iteration_s(h) for label, h in histories.items()}
+        _write_seed(console, per_seed[seed], histories, seed_dir(seed), f"{recipe}, seed {seed}", labels[0])
+    if len(seeds) > 1:
+        summary = seeds_summary(per_seed, firsts)
+        md = seeds_markdown(summary, f"{recipe}: {', '.join(labels)} over seeds {seeds}")
+        (run_dir / "summary.md").write_text(md)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        _plot_seeds(summary, run_dir / "summary.png")
+        console.print(md)
+        console.print(f"written: {run_dir / 'summary.md'}, {run_dir / 'summary.png'}")
+
+
+def _write_seed(console, summaries: dict[str, dict], histories: dict[str, list[dict]], folder: Path, title: str,
+                base: str) -> None:
+    """One seed's Table 4 on the console and its comparison.md / .json and mixture.png in ``folder``."""
     header, rows = comparison_rows(summaries)
-    table = Table(title=f"{recipe}, seed {cfg.seed}: change vs {routers[0]} (mixture in %)")
+    table = Table(title=f"{title}: change vs {base} (mixture in %)")
     for h in header:
         table.add_column(h, justify="right")
     for row in rows:
@@ -108,10 +250,41 @@ def main(cfg: DictConfig) -> None:
     console.print(table)
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
-    (run_dir / "comparison.md").write_text("\n".join(md) + "\n")
-    (run_dir / "comparison.json").write_text(json.dumps(summaries, indent=1))
-    _plot_mixture(histories, run_dir / "mixture.png")
-    console.print(f"written: {run_dir / 'comparison.md'}, {run_dir / 'mixture.png'}")
+    (folder / "comparison.md").write_text("\n".join(md) + "\n")
+    (folder / "comparison.json").write_text(json.dumps(summaries, indent=1))
+    _plot_mixture(histories, folder / "mixture.png")
+    console.print(f"written: {folder / 'comparison.md'}, {folder / 'mixture.png'}")
+
+
+def _plot_seeds(summary: dict, path: Path) -> None:
+    """Each Table-4 change against the first router: mean over the seeds as a bar with its
+    spread, every seed as a dot; one bar per router after the first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(summary["changes"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        for j, (key, _) in enumerate(RELATIVE):
+            f = summary["changes"][label].get(key)
+            if f is None:
+                continue
+            x = j + (i - (len(labels) - 1) / 2) * width
+            ax.bar(x, f["mean"], width, yerr=f["spread"], color=f"C{i}", alpha=0.6, capsize=3,
+                   label=label if j == 0 else None)
+            ax.scatter([x] * len(f["per_seed"]), f["per_seed"], color=f"C{i}", s=10, zorder=3)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(RELATIVE)), [name for _, name in RELATIVE])
+    ax.set_ylabel(f"change vs {summary['baseline']} (%)")
+    ax.set_title(f"mean ± spread over seeds {summary['seeds']} (dots: seeds)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _plot_mixture(histories: dict[str, list[dict]], path: Path) -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rl.compare import comparison_rows
+import pytest
+from omegaconf import OmegaConf
+
+from common.config import ConfigError
+from rl.compare import comparison_rows, run_labels, seed_list, seeds_markdown, seeds_summary
 
 
 def test_rows_are_changes_relative_to_the_first_router():
@@ -50,3 +54,53 @@ def test_one_value_where_a_list_belongs_is_refused_with_the_list_form(tmp_path):
 def test_bad_train_overrides_are_refused_before_any_run(tmp_path):
     _refused(tmp_path, 'train_overrides=["trainer.iteratons=3"]', "unknown config key 'trainer.iteratons'")
     _refused(tmp_path, 'train_overrides=["trainer.iterations=abc"]', "trainer")
+
+
+def test_a_router_named_twice_runs_twice_under_a_second_label():
+    assert run_labels(["vllm", "kv-horizon", "vllm", "vllm"]) == ["vllm", "kv-horizon", "vllm-2", "vllm-3"]
+
+
+def test_seed_is_one_seed_or_a_list_of_different_ones():
+    assert seed_list(0) == [0]
+    assert seed_list(OmegaConf.create({"s": [3, 4, 5]}).s) == [3, 4, 5]
+    for bad, said in (([3, 3], "seed=[3,3]: a seed is given twice"), ([], "the list is empty"),
+                      ([1, -1], "-1 is not a whole number >= 0"), ("abc", "seed=abc: 'abc' is not"),
+                      ([True], "True is not")):
+        with pytest.raises(ConfigError, match=r"seed=.*give one seed \(seed=0\) or a list"):
+            seed_list(bad)
+        with pytest.raises(ConfigError) as e:
+            seed_list(bad)
+        assert said in str(e.value)
+
+
+def _run(it_s: float, samples: float, tv: float, hit: float = 0.7) -> dict:
+    return {"iteration_s": it_s, "requests_per_min": 10.0, "samples_per_min": samples, "prefill_tok_s": 100.0,
+            "decode_tok_s": None, "prefix_hit_rate": hit, "tv_distance": tv}
+
+
+def test_seeds_summary_gives_each_change_as_mean_and_spread_over_the_seeds():
+    per_seed = {3: {"vllm": _run(100.0, 20.0, 0.02), "kv-horizon": _run(110.0, 18.0, 0.01)},
+                4: {"vllm": _run(200.0, 10.0, 0.03), "kv-horizon": _run(190.0, 12.0, 0.01, hit=0.8)}}
+    firsts = {3: {"vllm": 180.0, "kv-horizon": 200.0}, 4: {"vllm": 220.0, "kv-horizon": None}}
+    s = seeds_summary(per_seed, firsts)
+    it = s["changes"]["kv-horizon"]["iteration_s"]
+    assert it["per_seed"] == [pytest.approx(10.0), pytest.approx(-5.0)]
+    assert it["mean"] == pytest.approx(2.5) and it["spread"] == pytest.approx(10.6066, rel=1e-4)
+    assert s["changes"]["kv-horizon"]["samples_per_min"]["per_seed"] == [pytest.approx(-10.0), pytest.approx(20.0)]
+    assert "decode_tok_s" not in s["changes"]["kv-horizon"]  # missing in the runs: left out, not 0
+    assert s["routers"]["vllm"] == {"tv_pp": pytest.approx(2.5), "prefix_hit": pytest.approx(0.7),
+                                    "iteration_s": pytest.approx(150.0), "first_iteration_s": pytest.approx(200.0)}
+    assert s["routers"]["kv-horizon"]["first_iteration_s"] is None  # a seed without it: no mean
+    md = seeds_markdown(s, "t")
+    assert "| kv-horizon | +2.5% ± 10.6 (+10.0, -5.0) |" in md and "| vllm | 150.0 | 200.0 | 2.50 | 70.0% |" in md
+    assert "| kv-horizon | 150.0 | n/a | 1.00 | 75.0% |" in md
+
+
+def test_one_router_and_a_bad_seed_list_are_refused_before_any_run(tmp_path):
+    _refused(tmp_path, "routers=[vllm]", "routers=['vllm']: give two or more router options")
+    # a router named twice is accepted (an A/A control): the refusal is the seed's
+    run_dir = tmp_path / "cmp"
+    r = subprocess.run([sys.executable, "-m", "rl.compare", f"run_dir={run_dir}", "routers=[vllm,vllm]", "seed=[0,0]"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "seed=[0,0]: a seed is given twice" in r.stderr and "Traceback" not in r.stderr
+    assert not run_dir.exists()
