@@ -7,19 +7,21 @@ relative to the first router, prefix hit rate and the consumed mixture. The tabl
 also written to ``<run_dir>/comparison.md`` and a plot of the consumed mixture over
 iterations per router to ``<run_dir>/mixture.png``.
 
-``seed=[3,4,5]`` runs every router on each seed, seed by seed (the routers side by side,
-so a drift in the machine's speed over the hours falls on all of them), each seed in
-``<run_dir>/seed-<n>/`` as above, then writes ``summary.md`` / ``summary.json`` /
+``seed=[3,4,5]`` (a list, even of one seed) runs every router on each seed, seed by seed
+(the routers side by side, so a drift in the machine's speed over the hours falls on all of
+them), each seed in ``<run_dir>/seed-<n>/`` as above, then writes ``summary.md`` / ``summary.json`` /
 ``summary.png``: each change against the first router as mean ± spread (sample standard
 deviation) over the seeds with its per-seed values, the last iteration's TV distance and
 the first iteration's time per router. A router named twice (``routers=[vllm,vllm]``) runs
-twice, the repeat labelled ``vllm-2``: an A/A control of how far two runs of one router
-differ on the machine.
+twice, the repeat labelled ``vllm-2`` (its folder too): an A/A control of how far two runs
+of one router differ on the machine. ``train_overrides`` may not set what ``rl.compare`` sets
+per run (``recipe``, ``router``, ``seed``, ``run_dir``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -32,6 +34,12 @@ from rich.table import Table
 from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, is_seed
 from common.console import output_console
 from rl.report import run_summary
+
+PER_RUN_KEYS = {"recipe": "give it to rl.compare itself (recipe=...)",
+                "router": "list the routers in routers=[...]",
+                "seed": "give the seeds as seed=[...]",
+                "run_dir": "give rl.compare's run_dir=... (each run gets a folder in it)"}
+"""Keys ``rl.compare`` sets for each ``rl.train`` run, with what to do instead."""
 
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),
             ("samples_per_min", "Sample rate"), ("prefill_tok_s", "Prefill TPS"),
@@ -120,22 +128,27 @@ def seeds_summary(per_seed: dict[int, dict[str, dict]], first_iterations: dict[i
     Returns:
         ``{"seeds": [...], "baseline": label, "changes": {label: {figure: {"per_seed": [...],
         "mean": x, "spread": y}}}, "routers": {label: {"tv_pp": ..., "prefix_hit": ...,
-        "first_iteration_s": ..., "iteration_s": ...}}}``; a figure missing from a seed's
-        run is left out of that router's changes.
+        "first_iteration_s": ..., "iteration_s": ...}}}``; a figure that is missing or not
+        finite in a seed's run of the router, or missing, not finite or 0 in the first
+        router's, is left out of that router's changes (``n/a`` in the table) and means.
     """
     seeds = list(per_seed)
     labels = list(per_seed[seeds[0]])
     base = labels[0]
 
+    def value(label: str, seed: int, key: str) -> float | None:
+        v = per_seed[seed][label].get(key)
+        return v if isinstance(v, int | float) and math.isfinite(v) else None
+
     def mean_of(label: str, key: str, scale: float = 1.0) -> float | None:
-        vals = [per_seed[s][label].get(key) for s in seeds]
-        return None if any(v is None for v in vals) else statistics.mean(vals) * scale
+        vals = [value(label, s, key) for s in seeds]
+        return None if None in vals else statistics.mean(vals) * scale
 
     changes: dict[str, dict] = {}
     for label in labels[1:]:
         changes[label] = {}
         for key, _ in RELATIVE:
-            pairs = [(per_seed[s][label].get(key), per_seed[s][base].get(key)) for s in seeds]
+            pairs = [(value(label, s, key), value(base, s, key)) for s in seeds]
             if any(v is None or not b for v, b in pairs):
                 continue
             rel = [(v / b - 1) * 100 for v, b in pairs]
@@ -144,6 +157,7 @@ def seeds_summary(per_seed: dict[int, dict[str, dict]], first_iterations: dict[i
     routers = {}
     for label in labels:
         firsts = [first_iterations[s][label] for s in seeds]
+        firsts = [f if f is not None and math.isfinite(f) else None for f in firsts]
         routers[label] = {"tv_pp": mean_of(label, "tv_distance", 100.0),
                           "prefix_hit": mean_of(label, "prefix_hit_rate"),
                           "iteration_s": mean_of(label, "iteration_s"),
@@ -155,7 +169,8 @@ def seeds_markdown(summary: dict, title: str) -> str:
     """``seeds_summary`` as markdown: the changes table (mean ± spread, per seed), then the
     per-router figures."""
     seeds, base = summary["seeds"], summary["baseline"]
-    out = [f"# {title}", "", f"Change against {base}, mean ± spread over seeds {seeds} (per seed in brackets).", "",
+    out = [f"# {title}", "", f"Change against {base}, mean ± spread over seeds {seeds} (per seed in brackets; "
+           "iteration time: lower is better, the rest: higher is better).", "",
            "| Router | " + " | ".join(label for _, label in RELATIVE) + " |", "|---|" + "---|" * len(RELATIVE)]
     for label, figs in summary["changes"].items():
         cells = []
@@ -204,9 +219,16 @@ def main(cfg: DictConfig) -> None:
     recipe = HydraConfig.get().runtime.choices["recipe"]
     run_dir = Path(cfg.run_dir)
     overrides = list_option(cfg, "train_overrides", "'train_overrides=[\"trainer.iterations=4\"]'")
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~").strip()
+        if key in PER_RUN_KEYS:
+            raise ConfigError(f"train_overrides: {o!r} would replace the {key} rl.compare sets for each run; "
+                              + PER_RUN_KEYS[key])
+
+    several = isinstance(cfg.seed, ListConfig)  # seed=[3]: the layout and summary of a list
 
     def seed_dir(seed: int) -> Path:
-        return run_dir if len(seeds) == 1 else run_dir / f"seed-{seed}"
+        return run_dir / f"seed-{seed}" if several else run_dir
 
     runs = {(seed, label): [f"recipe={recipe}", f"router={router}", f"seed={seed}",
                             f"run_dir={seed_dir(seed) / label}", *overrides]
@@ -221,14 +243,14 @@ def main(cfg: DictConfig) -> None:
             argv = [sys.executable, "-m", "rl.train", *runs[(seed, label)]]
             console.print(f"[bold]{label}[/bold]: {' '.join(argv[1:])}")
             if subprocess.run(argv, cwd=REPO_ROOT).returncode != 0:
-                raise RunFailedError(f"the run with {runs[(seed, label)][1]} (seed {seed}) failed; its logs are in "
+                raise RunFailedError(f"the run {label} (seed {seed}) failed; its logs are in "
                                      f"{out / 'logs'}" + (f"; the seeds before it are in {run_dir}" if seed != seeds[0]
                                                             else ""))
             histories[label] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         per_seed[seed] = {label: run_summary(h) for label, h in histories.items()}
         firsts[seed] = {label: first_iteration_s(h) for label, h in histories.items()}
         _write_seed(console, per_seed[seed], histories, seed_dir(seed), f"{recipe}, seed {seed}", labels[0])
-    if len(seeds) > 1:
+    if several:
         summary = seeds_summary(per_seed, firsts)
         md = seeds_markdown(summary, f"{recipe}: {', '.join(labels)} over seeds {seeds}")
         (run_dir / "summary.md").write_text(md)
@@ -256,9 +278,10 @@ def _write_seed(console, summaries: dict[str, dict], histories: dict[str, list[d
     console.print(f"written: {folder / 'comparison.md'}, {folder / 'mixture.png'}")
 
 
-def _plot_seeds(summary: dict, path: Path) -> None:
+def _plot_seeds(summary: dict, path: Path) -> list[str]:
     """Each Table-4 change against the first router: mean over the seeds as a bar with its
-    spread, every seed as a dot; one bar per router after the first."""
+    spread, every seed as a dot; one bar per router after the first. Returns the legend's
+    labels (the routers with at least one figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -268,23 +291,28 @@ def _plot_seeds(summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / max(1, len(labels))
     for i, label in enumerate(labels):
+        named = False
         for j, (key, _) in enumerate(RELATIVE):
             f = summary["changes"][label].get(key)
             if f is None:
                 continue
             x = j + (i - (len(labels) - 1) / 2) * width
             ax.bar(x, f["mean"], width, yerr=f["spread"], color=f"C{i}", alpha=0.6, capsize=3,
-                   label=label if j == 0 else None)
+                   label=None if named else label)
+            named = True
             ax.scatter([x] * len(f["per_seed"]), f["per_seed"], color=f"C{i}", s=10, zorder=3)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(RELATIVE)), [name for _, name in RELATIVE])
     ax.set_ylabel(f"change vs {summary['baseline']} (%)")
     ax.set_title(f"mean ± spread over seeds {summary['seeds']} (dots: seeds)", fontsize=9)
-    ax.legend(fontsize=8)
+    named = ax.get_legend_handles_labels()[1]
+    if named:
+        ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return named
 
 
 def _plot_mixture(histories: dict[str, list[dict]], path: Path) -> None:

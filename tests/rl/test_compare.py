@@ -104,3 +104,36 @@ def test_one_router_and_a_bad_seed_list_are_refused_before_any_run(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "seed=[0,0]: a seed is given twice" in r.stderr and "Traceback" not in r.stderr
     assert not run_dir.exists()
+
+
+def test_train_overrides_may_not_replace_what_each_run_is_given(tmp_path):
+    _refused(tmp_path, 'train_overrides=["seed=7"]',
+             "train_overrides: 'seed=7' would replace the seed rl.compare sets for each run; "
+             "give the seeds as seed=[...]")
+    _refused(tmp_path, 'train_overrides=["+router=misa-t"]', "list the routers in routers=[...]")
+
+
+def test_a_figure_that_is_not_finite_or_has_a_zero_baseline_is_left_out():
+    per_seed = {0: {"a": _run(100.0, 0.0, 0.01), "b": _run(float("nan"), 5.0, 0.02)},
+                1: {"a": _run(100.0, 10.0, 0.01), "b": _run(90.0, 5.0, 0.02)}}
+    s = seeds_summary(per_seed, {0: {"a": 1.0, "b": float("nan")}, 1: {"a": 3.0, "b": 2.0}})
+    assert "iteration_s" not in s["changes"]["b"] and "samples_per_min" not in s["changes"]["b"]
+    assert s["changes"]["b"]["requests_per_min"]["mean"] == pytest.approx(0.0)
+    assert s["routers"]["b"]["iteration_s"] is None and s["routers"]["b"]["first_iteration_s"] is None
+    assert "| b | n/a | +0.0% ± 0.0 (+0.0, +0.0) | n/a |" in seeds_markdown(s, "t")
+
+
+def test_the_summary_plot_names_every_router_and_draws_without_figures(tmp_path):
+    import matplotlib.image
+
+    from rl.compare import _plot_seeds
+
+    s = seeds_summary({0: {"a": _run(100.0, 10.0, 0.01), "b": _run(float("nan"), 5.0, 0.02)},
+                       1: {"a": _run(100.0, 10.0, 0.01), "b": _run(90.0, 6.0, 0.02)}},
+                      {0: {"a": 1.0, "b": 1.0}, 1: {"a": 1.0, "b": 1.0}})
+    # b has no iteration time: still in the legend
+    assert _plot_seeds(s, tmp_path / "p.png") == ["b"]
+    assert matplotlib.image.imread(tmp_path / "p.png").shape[0] > 100
+    s["changes"] = {"b": {}}
+    assert _plot_seeds(s, tmp_path / "empty.png") == []  # nothing to draw: no legend, no warning
+    assert (tmp_path / "empty.png").stat().st_size > 0
