@@ -305,14 +305,14 @@ def _plot_seeds(summary: dict, path: Path) -> list[str]:
     ax.set_xticks(range(len(RELATIVE)), [name for _, name in RELATIVE])
     ax.set_ylabel(f"change vs {summary['baseline']} (%)")
     ax.set_title(f"mean ± spread over seeds {summary['seeds']} (dots: seeds)", fontsize=9)
-    named = ax.get_legend_handles_labels()[1]
-    if named:
+    legend = ax.get_legend_handles_labels()[1]
+    if legend:
         ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return named
+    return legend
 
 
 def _plot_mixture(histories: dict[str, list[dict]], path: Path) -> None:

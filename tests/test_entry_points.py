@@ -30,8 +30,8 @@ HYDRA_ENTRY_POINTS = {
     "agents.server": ["port=http"],
     "agents.envs.build": ["num_tasks=-1"],
 }
-BENCHMARKS = ["bench.agent_episodes", "bench.engine_throughput", "bench.grpo_step", "bench.router_decision",
-              "bench.router_proxy", "bench.router_real", "bench.sim_speed"]
+BENCHMARKS = ["bench.agent_episodes", "bench.engine_throughput", "bench.grpo_step", "bench.omp_wait_policy",
+              "bench.router_decision", "bench.router_proxy", "bench.router_real", "bench.sim_speed"]
 
 
 def _run_in(folder, module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -113,6 +113,7 @@ BENCHMARK_BAD_VALUES = [
     ("bench.router_proxy", ["--requests", "1"], "error: --requests must be at least 2 (the latency percentiles"),
     ("bench.router_proxy", ["--concurrency", "0"], "error: --concurrency must be a positive integer"),
     ("bench.router_proxy", ["--delay-ms", "-1"], "error: --delay-ms must be a number >= 0"),
+    ("bench.omp_wait_policy", ["--repeats", "0"], "error: --repeats must be >= 1, got 0"),
 ]
 
 
