@@ -9,7 +9,7 @@ The policy is read when torch loads its OpenMP runtime, so each (policy, load) p
 in a child process started with ``OMP_WAIT_POLICY`` set: it loads the packaged policy
 model, takes one warm-up step, then ``--repeats`` timed steps on the same synthetic batch
 (``bench.grpo_step.synthetic_samples``), with torch's default thread count. Prints the
-median step per pair and the ratio PASSIVE / ACTIVE per load. About 5 minutes on the
+median step per pair and the ratio PASSIVE / ACTIVE per load. About 6 minutes on the
 2-core machine; no disk beyond the model.
 """
 
@@ -31,14 +31,15 @@ POLICIES = ("ACTIVE", "PASSIVE")
 LOADS = ("idle", "busy cores")
 
 
-def _busy(core: int, stop) -> None:
-    """A one-thread torch loop pinned to ``core`` until ``stop`` is set (an engine's model thread)."""
+def _busy(core: int, stop, parent: int) -> None:
+    """A one-thread torch loop pinned to ``core`` (an engine's model thread) until ``stop`` is
+    set or its parent ``parent`` is gone (a killed benchmark leaves no loop behind)."""
     import torch
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     a = torch.randn(256, 256)
-    while not stop.is_set():
+    while not stop.is_set() and os.getppid() == parent:
         for _ in range(50):
             a = torch.tanh(a @ a)
 
@@ -56,7 +57,8 @@ def child(args) -> None:
     stop = mp.get_context("fork").Event()
     procs = []
     if args.load == "busy cores":
-        procs = [mp.get_context("fork").Process(target=_busy, args=(c, stop)) for c in sorted(os.sched_getaffinity(0))]
+        procs = [mp.get_context("fork").Process(target=_busy, args=(c, stop, os.getpid()), daemon=True)
+                 for c in sorted(os.sched_getaffinity(0))]
         for p in procs:
             p.start()
         time.sleep(2)
