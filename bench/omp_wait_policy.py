@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.config import CommandParser
+from common.config import CommandParser, usage_error
 
 POLICIES = ("ACTIVE", "PASSIVE")
 LOADS = ("idle", "busy cores")
@@ -111,6 +111,13 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    if args.plot.is_dir():
+        raise usage_error(f"--plot {args.plot} is a folder; give the chart's file name, "
+                          f"e.g. {args.plot / 'omp_wait_policy.png'}")
+    try:  # before minutes of timing, not after
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise usage_error(f"--plot {args.plot}: cannot make its folder ({exc.strerror})") from None
     from rich.console import Console
     from rich.table import Table
 
