@@ -101,7 +101,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=160)
     ap.add_argument("--completion-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--plot", type=Path, default=Path("runs/bench/omp_wait_policy.png"))
+    ap.add_argument("--plot", type=Path, default=Path("runs/bench/omp_wait_policy.png"),
+                    help="the chart (.png, .pdf or .svg); its folder is made before the timing")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--load", choices=LOADS, default="idle", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -111,9 +112,9 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    if args.plot.is_dir():
-        raise usage_error(f"--plot {args.plot} is a folder; give the chart's file name, "
-                          f"e.g. {args.plot / 'omp_wait_policy.png'}")
+    if args.plot.is_dir() or args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise usage_error(f"--plot {args.plot}: give the chart's file name ending in .png, .pdf or .svg, "
+                          f"e.g. {args.plot / 'omp_wait_policy.png' if args.plot.is_dir() else 'omp_wait_policy.png'}")
     try:  # before minutes of timing, not after
         args.plot.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -128,7 +129,12 @@ def main() -> None:
                     "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
                     "--completion-tokens", str(args.completion_tokens), "--repeats", str(args.repeats)]
             print(f"{load}, OMP_WAIT_POLICY={policy} ...", flush=True)
-            r = subprocess.run(argv, env={**os.environ, "OMP_WAIT_POLICY": policy}, capture_output=True, text=True)
+            try:
+                r = subprocess.run(argv, env={**os.environ, "OMP_WAIT_POLICY": policy}, capture_output=True,
+                                   text=True)
+            except KeyboardInterrupt:  # subprocess.run has killed the child; its busy loops follow it
+                print("bench.omp_wait_policy: interrupted", file=sys.stderr)
+                sys.exit(130)
             if r.returncode != 0:
                 sys.exit(f"bench.omp_wait_policy: the {load} / {policy} run failed:\n{r.stderr[-2000:]}")
             medians[(policy, load)] = statistics.median(json.loads(r.stdout.strip().splitlines()[-1])["times"])

@@ -21,3 +21,27 @@ def test_the_benchmark_times_both_policies_under_both_loads(tmp_path):
     left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
             and "omp_wait_policy" in " ".join(p.info["cmdline"] or [])]
     assert not left
+
+
+def test_ctrl_c_stops_the_benchmark_in_one_line_and_leaves_no_process(tmp_path):
+    import signal
+    import time
+
+    before = {p.pid for p in psutil.process_iter()}
+    proc = subprocess.Popen([sys.executable, "-m", "bench.omp_wait_policy", "--batch", "1", "--prompt-tokens", "8",
+                             "--completion-tokens", "4", "--repeats", "1", "--plot", str(tmp_path / "p.png")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("idle, OMP_WAIT_POLICY=ACTIVE")  # a child is running
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().endswith("bench.omp_wait_policy: interrupted"), err[-2000:]
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+                and "omp_wait_policy" in " ".join(p.info["cmdline"] or [])]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left
