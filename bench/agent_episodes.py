@@ -37,7 +37,7 @@ from agents.client import AgentServerClient, launch_agent_server
 from agents.envs.task import load_tasks
 from agents.scripted import ScriptedServer, gold_patch_policy
 from agents.server import HANDMADE_TASKS
-from common.config import CommandParser
+from common.config import CommandParser, check_plot_path
 from sandbox import Workspace
 
 
@@ -202,7 +202,6 @@ async def bench(args: argparse.Namespace) -> None:
     ax2.set_ylabel("processes")
     ax.set_title(f"{len(conc)} concurrent agent episodes: agent server memory")
     ax.legend(loc="upper left")
-    args.plot.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
     console.print(f"plot: {args.plot}")
@@ -217,7 +216,9 @@ def main() -> None:
     ap.add_argument("--tasks", type=Path, default=None,
                     help="tasks JSONL (default: the hand-made tasks)")
     ap.add_argument("--plot", type=Path, default=Path("runs/bench/agent_episodes.png"))
-    asyncio.run(bench(ap.parse_args()))
+    args = ap.parse_args()
+    check_plot_path(args.plot, "agent_episodes.png")
+    asyncio.run(bench(args))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from common.config import CommandParser, compose  # noqa: E402
+from common.config import CommandParser, check_plot_path, compose  # noqa: E402
 from rl.grpo import TrainSample  # noqa: E402
 from rl.learner import Learner, LearnerConfig  # noqa: E402
 from rollout.model import resolve_model_path  # noqa: E402
@@ -87,7 +87,6 @@ def plot(rows: list[tuple[str, float]], path: Path) -> None:
     ax.set_xlabel("seconds (median)")
     ax.set_title("GRPO update step and weight sync, CPU")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
@@ -103,6 +102,7 @@ def main() -> None:
     ap.add_argument("--no-sync", action="store_true", help="skip the weight-sync timing")
     ap.add_argument("--plot", type=Path, default=Path("runs/bench/grpo_step.png"))
     args = ap.parse_args()
+    check_plot_path(args.plot, "grpo_step.png")
     cfg = compose("train", ["run_dir=runs/bench"])
     model_path = resolve_model_path(cfg.model)
     console = Console()

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.config import CommandParser, usage_error
+from common.config import CommandParser, check_plot_path
 
 POLICIES = ("ACTIVE", "PASSIVE")
 LOADS = ("idle", "busy cores")
@@ -111,13 +111,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    if args.plot.is_dir() or args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise usage_error(f"--plot {args.plot}: give the chart's file name ending in .png, .pdf or .svg, "
-                          f"e.g. {args.plot / 'omp_wait_policy.png' if args.plot.is_dir() else 'omp_wait_policy.png'}")
-    try:  # before minutes of timing, not after
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise usage_error(f"--plot {args.plot}: cannot make its folder ({exc.strerror})") from None
+    check_plot_path(args.plot, "omp_wait_policy.png")  # before minutes of timing, not after
     from rich.console import Console
     from rich.table import Table
 

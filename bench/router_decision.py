@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import usage_error, CommandParser
+from common.config import usage_error, CommandParser, check_plot_path
 from router.policies import POLICY_NAMES, make_policy
 from router.policies.base import (
     BlocksStored,
@@ -215,13 +215,12 @@ def _check_args(args) -> None:
     if args.decisions < 2:
         raise usage_error(f"--decisions must be at least 2 (the timed calls alternate new sessions and "
                           f"continuations, and each kind needs one), got {args.decisions}")
-    if args.plot.is_dir():
-        raise usage_error(f"--plot {args.plot} is a folder; give the chart's file name, "
-                          f"e.g. {args.plot / 'router_decision.png'}")
+    check_plot_path(args.plot, "router_decision.png")
 
 
 def plot(results: dict[str, dict[str, list[float]]], path: Path) -> None:
-    """Bar chart of p50/p99 per policy with the p99 goal line."""
+    """Bar chart of p50/p99 per policy with the p99 goal line, saved to ``path`` (its folder
+    made by ``check_plot_path`` before the timing)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,7 +238,6 @@ def plot(results: dict[str, dict[str, list[float]]], path: Path) -> None:
     ax.set_title(f"4 instances, {SESSIONS:,} tracked sessions")
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 

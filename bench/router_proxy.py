@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from common.config import EXIT_FAILURE, RECIPES_DIR, usage_error, CommandParser
+from common.config import EXIT_FAILURE, RECIPES_DIR, usage_error, CommandParser, check_plot_path
 from common.process import ManagedProcess, ProcessStartError, free_port
 from rollout.serve import stop_on_sigterm
 from router.launch import REPO_ROOT, start_router
@@ -107,9 +107,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise usage_error(f"--concurrency must be a positive integer, got {args.concurrency}")
     if not (math.isfinite(args.delay_ms) and args.delay_ms >= 0):
         raise usage_error(f"--delay-ms must be a number >= 0, got {args.delay_ms}")
-    if args.plot.is_dir():
-        raise usage_error(f"--plot {args.plot} is a folder; give the chart's file name, "
-                          f"e.g. {args.plot / 'router_proxy.png'}")
+    check_plot_path(args.plot, "router_proxy.png")
 
 
 def main() -> None:
@@ -213,7 +211,6 @@ def report(results: dict[str, Phase], args: argparse.Namespace) -> None:
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    args.plot.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=120)
     print(f"plot: {args.plot}")
 

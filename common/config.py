@@ -343,6 +343,32 @@ def usage_error(message: object) -> SystemExit:
     return SystemExit(EXIT_USAGE)
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""The chart formats a benchmark's ``--plot`` takes (matplotlib writes each by its suffix)."""
+
+
+def check_plot_path(path: Path, example_name: str) -> None:
+    """Refuse a benchmark's ``--plot`` before any timing, and make its folder.
+
+    Args:
+        path: the chart's file, ending in one of :data:`PLOT_SUFFIXES`.
+        example_name: a file name the message offers instead (``"router_proxy.png"``).
+
+    Raises:
+        SystemExit: exit 2 after one ``error:`` line when ``path`` is a folder, lacks a chart
+            suffix, or its folder cannot be made.
+    """
+    hint = f"give the chart's file name ending in {', '.join(PLOT_SUFFIXES[:-1])} or {PLOT_SUFFIXES[-1]}"
+    if path.is_dir():
+        raise usage_error(f"--plot {path} is a folder; {hint}, e.g. {path / example_name}")
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise usage_error(f"--plot {path}: {hint}, e.g. {example_name}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise usage_error(f"--plot {path}: cannot make its folder ({exc.strerror})") from None
+
+
 class CommandParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose refusals are one line, as every entry point's:
     ``error: <argparse's message> (python -m X --help lists the options)``, exit 2, no usage

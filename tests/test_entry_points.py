@@ -114,9 +114,12 @@ BENCHMARK_BAD_VALUES = [
     ("bench.router_proxy", ["--concurrency", "0"], "error: --concurrency must be a positive integer"),
     ("bench.router_proxy", ["--delay-ms", "-1"], "error: --delay-ms must be a number >= 0"),
     ("bench.omp_wait_policy", ["--repeats", "0"], "error: --repeats must be >= 1, got 0"),
-    ("bench.omp_wait_policy", ["--plot", "."], "error: --plot .: give the chart's file name ending in .png"),
+    ("bench.omp_wait_policy", ["--plot", "."], "error: --plot . is a folder; give the chart's file name ending in .png"),
     ("bench.omp_wait_policy", ["--plot", "chart"], "error: --plot chart: give the chart's file name ending in"),
     ("bench.omp_wait_policy", ["--plot", "/proc/nope/x.png"], "error: --plot /proc/nope/x.png: cannot make its folder"),
+    ("bench.grpo_step", ["--plot", "chart"], "error: --plot chart: give the chart's file name ending in"),
+    ("bench.agent_episodes", ["--plot", "."], "error: --plot . is a folder; give the chart's file name ending in"),
+    ("bench.router_proxy", ["--plot", "x.txt"], "error: --plot x.txt: give the chart's file name ending in"),
 ]
 
 
