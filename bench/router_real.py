@@ -45,7 +45,8 @@ workers and schedulers, API servers, router, client, and each engine's own:
 sweep-tuned baseline. Over
 seeds (``summary.md``), per window: each router's change against the sweep point with the
 best mean, mean ± std, the simulator mimic's error against the real router per sweep point;
-and the regime. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
+each router's complete samples/min minute by minute (``rate_over_time.png``: a short run's
+whole-run figure mixes the fill of an empty system with its steady state); and the regime. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
 ``kv_usage.png``, each run's engine/router logs and its recorded trace (JSONL, replayable
 with ``python -m router.sim trace=...``).
 
@@ -296,6 +297,79 @@ def regime(timeline: list[dict], instances: int, window: tuple[float, float]) ->
     }
 
 
+def samples_per_min_by_minute(timeline: list[dict], bin_s: float = 60.0) -> list[float]:
+    """Complete samples/min in each whole ``bin_s`` of a run's wall time, from the replay's
+    timeline (cumulative ``completed`` units per class, sampled every few seconds; linear
+    between samples). Shows a router's transient: at a permissive ceiling the vLLM Router
+    finishes the short samples of the first release early and its rate falls as long
+    sessions pile up in the engines, so whole-run figures of a short run mix a fill with a
+    steady state.
+
+    Args:
+        timeline: samples with ``t_s`` (s from the run's start) and ``completed`` (class ->
+            units completed so far), in time order.
+        bin_s: width of a bin (s, > 0).
+
+    Returns:
+        One rate per bin [k bin_s, (k + 1) bin_s) that the timeline covers to its end (a last
+        partial bin is left out); empty for a timeline shorter than one bin.
+
+    Raises:
+        ValueError: ``bin_s`` <= 0.
+    """
+    if not bin_s > 0:
+        raise ValueError(f"bin_s must be > 0 s, got {bin_s}")
+    pts = [(0.0, 0.0)] + [(p["t_s"], float(sum(p["completed"].values()))) for p in timeline]
+
+    def done_at(t: float) -> float:
+        for (t0, c0), (t1, c1) in zip(pts, pts[1:]):
+            if t0 <= t <= t1:
+                return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+        return pts[-1][1]
+
+    bins = int(pts[-1][0] // bin_s)
+    edges = [done_at(k * bin_s) for k in range(bins + 1)]
+    return [(b - a) * 60.0 / bin_s for a, b in zip(edges, edges[1:])]
+
+
+def _by_minute_section(per_seed: list[tuple[int, list[dict]]], order: list[str], out: Path) -> list[str]:
+    """Markdown of each router's complete samples/min minute by minute (mean over seeds, and
+    the range over seeds), and its plot ``rate_over_time.png`` in ``out``."""
+    rates: dict[str, list[list[float]]] = {}
+    for _, results in per_seed:
+        for r in results:
+            rates.setdefault(r["label"], []).append(samples_per_min_by_minute(r.get("timeline") or []))
+    n = min((len(x) for v in rates.values() for x in v), default=0)
+    if n == 0:
+        return []
+    head = "| Router | " + " | ".join(f"{k}-{k + 1}" for k in range(n)) + " |"
+    lines = ["### Complete samples/min minute by minute (wall time from the run's start; mean over seeds, "
+             "[min-max] over seeds)", "", head, "|---" * (n + 1) + "|"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label in order:
+        cols = [[x[k] for x in rates[label]] for k in range(n)]
+        means = [statistics.fmean(c) for c in cols]
+        lines.append(f"| {label} | " + " | ".join(
+            f"{m:.1f}" + (f" [{min(c):.0f}-{max(c):.0f}]" if len(c) > 1 else "") for m, c in zip(means, cols)) + " |")
+        mids = [k + 0.5 for k in range(n)]
+        ax.plot(mids, means, marker="o", label=label)
+        if len(cols[0]) > 1:
+            ax.fill_between(mids, [min(c) for c in cols], [max(c) for c in cols], alpha=0.15)
+    ax.set_xlabel("minute of the run")
+    ax.set_ylabel("complete samples/min (mean over seeds; band: range)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "rate_over_time.png", dpi=120)
+    plt.close(fig)
+    return lines + ["", "Plot: `rate_over_time.png`.", ""]
+
+
 PROFILES = (("", "step costs from the calibration on idle engines"),
             ("_insitu", "step costs in situ: fitted to the other runs' engine counters"),
             ("_cpu", "step costs from the calibration, scaled to the CPU the engines' model threads had in the run"))
@@ -477,6 +551,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                      + (f"{statistics.fmean(caps):.0%} of the time" if caps else "n/a (no class caps)")
                      + f" | {statistics.fmean(r['real']['preemptions'] for _, res in per_seed for r in res if r['label'] == label):.0f} |")
     lines.append("")
+    lines += _by_minute_section(per_seed, order, out)
     lines += _steps_section(per_seed, order)
     lines += _engines_section(per_seed, order)
     twice = "samples_after_runs" in _saved_calibration(out)
