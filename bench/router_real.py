@@ -41,14 +41,14 @@ of completed samples (output tokens/min, length-adjusted samples/min, decode tok
 sample), the regime (:func:`regime`: sessions and running requests per engine, KV usage,
 the share of time every class cap is above 1) and the CPU each role of the job used (engine
 workers and schedulers, API servers, router, client, and each engine's own:
-:mod:`common.cpu_time`); ratios to the
-sweep-tuned baseline. Over
-seeds (``summary.md``), per window: each router's change against the sweep point with the
+:mod:`common.cpu_time`); ratios to the sweep-tuned baseline. Over seeds (``summary.md``),
+per window: each router's change against the sweep point with the
 best mean, mean ± std, the simulator mimic's error against the real router per sweep point;
 each router's complete samples/min minute by minute (``rate_over_time.png``: a short run's
-whole-run figure mixes the fill of an empty system with its steady state); and the regime. Per seed: ``results.json``, ``table.md``, ``router_real.png``,
-``kv_usage.png``, each run's engine/router logs and its recorded trace (JSONL, replayable
-with ``python -m router.sim trace=...``).
+whole-run figure mixes the fill of an empty system with its steady state); and the regime.
+Per seed: ``results.json``, ``table.md``, ``router_real.png``, ``kv_usage.png``, each run's
+engine/router logs and its recorded trace (JSONL, replayable with ``python -m router.sim
+trace=...``).
 
 Every process it starts is stopped when it ends, fails, or is interrupted (Ctrl-C, SIGTERM);
 the engines also die with it if it is killed (PR_SET_PDEATHSIG).
@@ -297,7 +297,7 @@ def regime(timeline: list[dict], instances: int, window: tuple[float, float]) ->
     }
 
 
-def samples_per_min_by_minute(timeline: list[dict], bin_s: float = 60.0) -> list[float]:
+def samples_per_min_over_time(timeline: list[dict], bin_s: float = 60.0) -> list[float]:
     """Complete samples/min in each whole ``bin_s`` of a run's wall time, from the replay's
     timeline (cumulative ``completed`` units per class, sampled every few seconds; linear
     between samples). Shows a router's transient: at a permissive ceiling the vLLM Router
@@ -338,7 +338,7 @@ def _by_minute_section(per_seed: list[tuple[int, list[dict]]], order: list[str],
     rates: dict[str, list[list[float]]] = {}
     for _, results in per_seed:
         for r in results:
-            rates.setdefault(r["label"], []).append(samples_per_min_by_minute(r.get("timeline") or []))
+            rates.setdefault(r["label"], []).append(samples_per_min_over_time(r.get("timeline") or []))
     n = min((len(x) for v in rates.values() for x in v), default=0)
     if n == 0:
         return []

@@ -274,7 +274,7 @@ def test_samples_per_minute_from_a_hand_made_timeline(tmp_path):
     """Units completed per whole minute of wall time, read off the cumulative counts (linear
     between samples, a last partial minute left out); the summary's table gives each
     router's mean and range over seeds minute by minute and draws them."""
-    from bench.router_real import _by_minute_section, samples_per_min_by_minute
+    from bench.router_real import _by_minute_section, samples_per_min_over_time
 
     def point(t, agent, rlvr):
         return {"t_s": t, "completed": {"agent": agent, "rlvr": rlvr, "rlhf": 0}}
@@ -282,11 +282,11 @@ def test_samples_per_minute_from_a_hand_made_timeline(tmp_path):
     # 30 units by 60 s (15 + 15), 40 by 120 s: the 90 s sample splits minute 2 in halves
     timeline = [point(30.0, 10, 5), point(60.0, 15, 15), point(90.0, 18, 17), point(120.0, 20, 20),
                 point(150.0, 30, 20)]
-    assert samples_per_min_by_minute(timeline) == pytest.approx([30.0, 10.0])
-    assert samples_per_min_by_minute(timeline, bin_s=30.0) == pytest.approx([30.0, 30.0, 10.0, 10.0, 20.0])
-    assert samples_per_min_by_minute([]) == [] and samples_per_min_by_minute(timeline[:1]) == []
+    assert samples_per_min_over_time(timeline) == pytest.approx([30.0, 10.0])
+    assert samples_per_min_over_time(timeline, bin_s=30.0) == pytest.approx([30.0, 30.0, 10.0, 10.0, 20.0])
+    assert samples_per_min_over_time([]) == [] and samples_per_min_over_time(timeline[:1]) == []
     with pytest.raises(ValueError, match="bin_s must be > 0"):
-        samples_per_min_by_minute(timeline, bin_s=0)
+        samples_per_min_over_time(timeline, bin_s=0)
 
     other = [point(60.0, 10, 10), point(120.0, 20, 20)]  # 20 and 20 a minute
     per_seed = [(0, [{"label": "a", "timeline": timeline}]), (1, [{"label": "a", "timeline": other}])]
