@@ -335,16 +335,26 @@ def samples_per_min_over_time(timeline: list[dict], bin_s: float = 60.0) -> list
 def _by_minute_section(per_seed: list[tuple[int, list[dict]]], order: list[str], out: Path) -> list[str]:
     """Markdown of each router's complete samples/min minute by minute (mean over seeds, and
     the range over seeds), and its plot ``rate_over_time.png`` in ``out``."""
+    title = ("### Complete samples/min minute by minute (wall time from the run's start, whole minutes; mean over "
+             "seeds, [min-max] over seeds)")
     rates: dict[str, list[list[float]]] = {}
-    for _, results in per_seed:
+    short = []
+    for seed, results in per_seed:
         for r in results:
-            rates.setdefault(r["label"], []).append(samples_per_min_over_time(r.get("timeline") or []))
+            rate = samples_per_min_over_time(r.get("timeline") or [])
+            rates.setdefault(r["label"], []).append(rate)
+            if not rate:
+                short.append(f"{r['label']} of seed {seed}")
+    (out / "rate_over_time.png").unlink(missing_ok=True)  # never a plot of an earlier summary
+    if short:
+        return [title, "", f"Left out: no whole minute of timeline in {', '.join(short)} (a shorter run, or one saved "
+                "without a timeline).",
+                ""]
     n = min((len(x) for v in rates.values() for x in v), default=0)
     if n == 0:
         return []
     head = "| Router | " + " | ".join(f"{k}-{k + 1}" for k in range(n)) + " |"
-    lines = ["### Complete samples/min minute by minute (wall time from the run's start; mean over seeds, "
-             "[min-max] over seeds)", "", head, "|---" * (n + 1) + "|"]
+    lines = [title, "", head, "|---" * (n + 1) + "|"]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1341,7 +1351,8 @@ def check_run_folder(run_dir: Path) -> None:
     """Raise SystemExit (a usage error) unless ``run_dir`` holds a seed's results.json and
     trace.jsonl, and each saved run's measured inputs of the simulator (``missing_tokens_s``:
     times in s >= 0; ``router_decisions``: counts; ``cpu_cores``, the calibration's too:
-    cores >= 0 per role) have their shape."""
+    cores >= 0 per role) and its timeline's samples (``t_s`` and ``completed`` counts, which
+    the plots and the minute-by-minute table read) have their shape."""
     for name in ("results.json", "trace.jsonl"):
         if not (run_dir / name).is_file():
             raise usage_error(f"--resimulate {run_dir}: no {name} there; {_WANT_RUN}")
@@ -1369,6 +1380,13 @@ def check_run_folder(run_dir: Path) -> None:
                 isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in decisions.values())):
             raise usage_error(f"--resimulate {run_dir}: runs[{i}].router_decisions must map outcomes to counts "
                               f"or be null, got {decisions!r}; {_WANT_RUN}")
+        timeline = r.get("timeline")
+        for k, p in enumerate(timeline if isinstance(timeline, list) else [timeline] if timeline else []):
+            completed = p.get("completed") if isinstance(p, dict) else None
+            if not (isinstance(p, dict) and _is_number(p.get("t_s")) and isinstance(completed, dict)
+                    and all(_is_number(n) for n in completed.values())):
+                raise usage_error(f"--resimulate {run_dir}: runs[{i}].timeline[{k}] must be a sample with t_s (s) "
+                                  f"and completed (class -> units), got {str(p)[:200]}; {_WANT_RUN}")
 
 
 def _check_cpu_cores(run_dir: Path, where: str, owner) -> None:

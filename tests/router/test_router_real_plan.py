@@ -293,7 +293,11 @@ def test_samples_per_minute_from_a_hand_made_timeline(tmp_path):
     lines = _by_minute_section(per_seed, ["a"], tmp_path)
     assert "| a | 25.0 [20-30] | 15.0 [10-20] |" in lines
     assert (tmp_path / "rate_over_time.png").stat().st_size > 0
-    assert _by_minute_section([(0, [{"label": "a", "timeline": []}])], ["a"], tmp_path) == []
+    # a run saved without a timeline: the section says which, and no plot of an earlier summary stays
+    left = _by_minute_section([(0, [{"label": "a", "timeline": timeline}, {"label": "b", "timeline": []}])],
+                              ["a", "b"], tmp_path)
+    assert "Left out: no whole minute of timeline in b of seed 0 (a shorter run, or one saved without a timeline)." in left
+    assert not (tmp_path / "rate_over_time.png").exists()
 
 
 def test_router_decisions_are_read_from_a_vllm_router_metrics_page():
@@ -339,6 +343,12 @@ vllm_router_requests_total{route="/v1/completions"} 50
     ("sample", {"step_time_s": -1}, "calibration.samples[0] needs finite numbers >= 0"),
     ("sample", {"prefill_tokens": True}, "calibration.samples[0] needs finite numbers >= 0"),
     ("sample", [1, 2], "calibration.samples[0] must be an object"),
+    ("timeline", [{"t_s": 5.0}], "runs[0].timeline[0] must be a sample with t_s (s) and completed"),
+    ("timeline", [{"t_s": 5.0, "completed": {"agent": 1}}, {"t_s": "x", "completed": {}}],
+     "runs[0].timeline[1] must be a sample with t_s (s) and completed"),
+    ("timeline", [{"t_s": 5.0, "completed": {"agent": "one"}}], "runs[0].timeline[0] must be a sample"),
+    ("timeline", [7], "runs[0].timeline[0] must be a sample"),
+    ("timeline", {"t_s": 5.0}, "runs[0].timeline[0] must be a sample"),
 ])
 def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, capsys, field, value, expected):
     """A hand-edited results.json: one error line (exit 2) naming the run and field, before
@@ -347,6 +357,7 @@ def test_resimulate_refuses_a_saved_run_with_malformed_router_inputs(tmp_path, c
 
     (tmp_path / "trace.jsonl").write_text("")
     good = {"label": "vllm-router c=4", "missing_tokens_s": [1.5, 2.0], "router_decisions": {"prefix_hit": 3},
+            "timeline": [{"t_s": 5.0, "completed": {"agent": 1, "rlvr": 0}}],
             "cpu_cores": {"engine_worker": 1.6, "router": 0.0},
             "cpu_cores_by_engine": [{"engine_worker": 0.8}, {"engine_worker": 0.8, "engine_core": 0.1}]}
     (tmp_path / "results.json").write_text(json.dumps({"runs": [good, {"label": "old run"}]}))
