@@ -28,8 +28,10 @@ def test_ctrl_c_stops_the_benchmark_in_one_line_and_leaves_no_process(tmp_path):
     import time
 
     before = {p.pid for p in psutil.process_iter()}
+    # enough timed steps that the run cannot end before the signal, however idle the machine
+    # (with 1 repeat an idle machine finished all four children within the 3 s)
     proc = subprocess.Popen([sys.executable, "-m", "bench.omp_wait_policy", "--batch", "1", "--prompt-tokens", "8",
-                             "--completion-tokens", "4", "--repeats", "1", "--plot", str(tmp_path / "p.png")],
+                             "--completion-tokens", "4", "--repeats", "5000", "--plot", str(tmp_path / "p.png")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("idle, OMP_WAIT_POLICY=ACTIVE")  # a child is running
     time.sleep(3)
