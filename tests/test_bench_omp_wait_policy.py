@@ -30,13 +30,21 @@ def test_ctrl_c_stops_the_benchmark_in_one_line_and_leaves_no_process(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     # enough timed steps that the run cannot end before the signal, however idle the machine
     # (with 1 repeat an idle machine finished all four children within the 3 s)
+    # A suite started in the background by a shell without job control (`make test &`, CI's
+    # runner) passes SIGINT on ignored, and Python then installs no KeyboardInterrupt handler;
+    # a terminal's Ctrl-C reaches a foreground job, whose disposition this restores.
     proc = subprocess.Popen([sys.executable, "-m", "bench.omp_wait_policy", "--batch", "1", "--prompt-tokens", "8",
                              "--completion-tokens", "4", "--repeats", "5000", "--plot", str(tmp_path / "p.png")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("idle, OMP_WAIT_POLICY=ACTIVE")  # a child is running
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().startswith("idle, OMP_WAIT_POLICY=ACTIVE")  # a child is running
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:  # a failed run does not go on with its 5000 steps
+        proc.kill()
+        proc.wait()
     assert proc.returncode == 130 and err.strip().endswith("bench.omp_wait_policy: interrupted"), err[-2000:]
     assert "Traceback" not in err
     deadline = time.monotonic() + 30
