@@ -52,6 +52,11 @@ trace=...``).
 
 Every process it starts is stopped when it ends, fails, or is interrupted (Ctrl-C, SIGTERM);
 the engines also die with it if it is killed (PR_SET_PDEATHSIG).
+
+Two modes start no engine: ``--resimulate RUN_DIR`` redoes the simulator's half of a
+finished run; ``--combine RUN_DIR RUN_DIR ...`` sets the routers of finished runs of the same
+seeds, traces and options side by side in one folder and summary, as if one run had swept
+them all (a sweep extended by a later run; each source's engines ran in their own session).
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -88,7 +95,7 @@ from router.sim.calibrate import measure_step_samples, step_samples_from_timelin
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
-from router.sim.experiments import aggregate, best_sweep_label, headline, table5_markdown
+from router.sim.experiments import aggregate, best_sweep_label, ceilings_markdown, headline, table5_markdown
 from router.sim.metrics import step_figures
 from router.sim.simulator import SignalConfig, SimConfig, Simulation
 from router.sim.trace import read_trace, write_trace
@@ -412,7 +419,9 @@ def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sw
     base = best_sweep_label(agg, sweep)
     first = per_seed[0][1]
     lines += [table5_markdown(agg, base, order, f"Real engines, change vs {base} (sweep-tuned), mean ± std over seeds"),
-              ""]
+              "", ceilings_markdown(agg, base, [(lb, agg[lb]["ceiling"] / agg[base]["ceiling"]) for lb in order],
+                                    f"Mixture: each class's p50 completion time (release to completion) over {base}'s, "
+                                    "TV distance, prefix hit (means over seeds; ceiling: x the baseline's)"), ""]
     mimic = {sim_key: _mimic_table(per_seed, sweep, real_key, sim_key, what, lines) for sim_key, what in sims}
     heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
     lines += ["", *heads, ""]
@@ -539,6 +548,14 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     sweep = [r["label"] for r in first if r["sweep"]] or order[:1]
     seeds = [s for s, _ in per_seed]
     lines = [f"# Routers on 2 real vLLM CPU engines: {len(seeds)} seed(s) {seeds}, {minutes:g} min per router", ""]
+    sources: dict[str, list[str]] = {}
+    for r in first:
+        if r.get("source"):
+            sources.setdefault(r["source"], []).append(r["label"])
+    if sources:
+        lines += [f"Combined (`--combine`) from {len(sources)} runs of the same seeds, traces and options, each of "
+                  "which started and calibrated its own engines: "
+                  + "; ".join(f"`{src}`: {', '.join(labels)}" for src, labels in sources.items()) + ".", ""]
     per_window: dict[str, dict] = {}
     for real_key, sims, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
         lines += [f"## Window: {title}", ""]
@@ -570,7 +587,7 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
     lines += _drift_section(out)
     text = "\n".join(lines)
     (out / "summary.md").write_text(text)
-    summary = {"seeds": seeds, "regime": regimes, "windows": per_window}
+    summary = {"seeds": seeds, "regime": regimes, "windows": per_window, **({"sources": sources} if sources else {})}
     summary.update(per_window["real"])  # the whole run's keys at the top level, as before
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     Console(width=160).print(text)
@@ -964,18 +981,32 @@ def main() -> None:
                              "added), the API server's part inside that latency less the wait for a running step "
                              "(every run), and the replay client's own time between a response and the session's "
                              "next request; --no-request-overhead replays without any")
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/bench/router-real-<time>)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="run folder (default runs/bench/router-real-<time>; with --combine "
+                             "runs/bench/router-real-combined-<time>)")
     parser.add_argument("--resimulate", type=Path, default=None, metavar="RUN_DIR",
                         help="start no engine: redo only the simulator replay of a finished run folder with the "
                              "current simulator (its real figures, trace and measured steps are kept)")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="RUN_DIR",
+                        help="start no engine: set the routers of finished runs (same seeds, traces and options; "
+                             "e.g. sweep points run later) side by side in one run folder (--out) with its "
+                             "summary over seeds")
     args = parser.parse_args()
+    if args.combine is not None:
+        if args.resimulate is not None:
+            raise usage_error("--combine and --resimulate: give one of them (resimulate each run, then combine)")
+        out = args.out or REPO_ROOT / "runs" / "bench" / f"router-real-combined-{datetime.now():%Y%m%d-%H%M%S}"
+        per_seed, minutes, warmup = combine_runs(args.combine, out)
+        for seed, results in per_seed:
+            report(results, out / f"seed-{seed}", minutes, warmup)
+        summarize_seeds(per_seed, out, minutes, warmup)
+        print(f"results: {out}")
+        return
     if args.resimulate is not None:
         if not args.resimulate.is_dir():
             raise usage_error(f"--resimulate {args.resimulate}: no such folder; give the folder of a finished "
                               "python -m bench.router_real run (runs/bench/router-real-<time>)")
-        seed_dirs = sorted((p for p in args.resimulate.glob("seed-*")
-                            if p.is_dir() and re.fullmatch(r"seed-\d+", p.name)),
-                           key=lambda p: int(p.name.removeprefix("seed-")))  # not seed-1-old/
+        seed_dirs = seed_folders(args.resimulate)
         for d in seed_dirs or [args.resimulate]:  # every folder checked before any is rewritten
             check_run_folder(d)
         per_seed, minutes, warmup = [], 0.0, 0.0
@@ -1347,49 +1378,59 @@ def _save(out: Path, results: list[dict], calibration: dict, args: dict) -> None
 _WANT_RUN = "give the folder of a finished python -m bench.router_real run (results.json, trace.jsonl)"
 
 
-def check_run_folder(run_dir: Path) -> None:
-    """Raise SystemExit (a usage error) unless ``run_dir`` holds a seed's results.json and
-    trace.jsonl, and each saved run's measured inputs of the simulator (``missing_tokens_s``:
-    times in s >= 0; ``router_decisions``: counts; ``cpu_cores``, the calibration's too:
-    cores >= 0 per role) and its timeline's samples (``t_s`` and ``completed`` counts, which
-    the plots and the minute-by-minute table read) have their shape."""
+def seed_folders(run_dir: Path) -> list[Path]:
+    """The ``seed-<n>/`` folders of a run folder, by seed (not ``seed-1-old/``); [] when none."""
+    return sorted((p for p in run_dir.glob("seed-*") if p.is_dir() and re.fullmatch(r"seed-\d+", p.name)),
+                  key=lambda p: int(p.name.removeprefix("seed-")))
+
+
+def check_run_folder(run_dir: Path, option: str = "--resimulate") -> None:
+    """Raise SystemExit (a usage error naming ``option``) unless ``run_dir`` holds a seed's
+    results.json and trace.jsonl, not written by ``--combine``, and each saved run's measured
+    inputs of the simulator (``missing_tokens_s``: times in s >= 0; ``router_decisions``:
+    counts; ``cpu_cores``, the calibration's too: cores >= 0 per role) and its timeline's
+    samples (``t_s`` and ``completed`` counts, which the plots and the minute-by-minute table
+    read) have their shape."""
     for name in ("results.json", "trace.jsonl"):
         if not (run_dir / name).is_file():
-            raise usage_error(f"--resimulate {run_dir}: no {name} there; {_WANT_RUN}")
+            raise usage_error(f"{option} {run_dir}: no {name} there; {_WANT_RUN}")
     try:
         saved = json.loads((run_dir / "results.json").read_text())
-        runs, calibration = saved.get("runs"), saved.get("calibration")
+        runs, calibration, args = saved.get("runs"), saved.get("calibration"), saved.get("args")
     except (ValueError, AttributeError):
         return  # resimulate() names what is wrong with the file as a whole
+    if isinstance(args, dict) and args.get("combined_from"):
+        raise usage_error(f"{option} {run_dir}: a folder written by --combine (from {args['combined_from']}); "
+                          f"give {option} those run folders instead")
     samples = calibration.get("samples") if isinstance(calibration, dict) else None
     for j, d in enumerate(samples if isinstance(samples, list) else []):
         problem = _sample_problem(d)
         if problem:
-            raise usage_error(f"--resimulate {run_dir}: calibration.samples[{j}] {problem}, got {d!r}; {_WANT_RUN}")
-    _check_cpu_cores(run_dir, "calibration", calibration)
+            raise usage_error(f"{option} {run_dir}: calibration.samples[{j}] {problem}, got {d!r}; {_WANT_RUN}")
+    _check_cpu_cores(run_dir, "calibration", calibration, option)
     for i, r in enumerate(runs if isinstance(runs, list) else []):
         if not isinstance(r, dict):
             continue
-        _check_cpu_cores(run_dir, f"runs[{i}]", r)
+        _check_cpu_cores(run_dir, f"runs[{i}]", r, option)
         times, decisions = r.get("missing_tokens_s"), r.get("router_decisions")
         if times is not None and not (isinstance(times, list) and all(
                 _is_number(t) and math.isfinite(t) and t >= 0 for t in times)):
-            raise usage_error(f"--resimulate {run_dir}: runs[{i}].missing_tokens_s must be a list of times "
+            raise usage_error(f"{option} {run_dir}: runs[{i}].missing_tokens_s must be a list of times "
                               f"(s, >= 0) or null, got {times!r}; {_WANT_RUN}")
         if decisions is not None and not (isinstance(decisions, dict) and all(
                 isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in decisions.values())):
-            raise usage_error(f"--resimulate {run_dir}: runs[{i}].router_decisions must map outcomes to counts "
+            raise usage_error(f"{option} {run_dir}: runs[{i}].router_decisions must map outcomes to counts "
                               f"or be null, got {decisions!r}; {_WANT_RUN}")
         timeline = r.get("timeline")
         for k, p in enumerate(timeline if isinstance(timeline, list) else [timeline] if timeline else []):
             completed = p.get("completed") if isinstance(p, dict) else None
             if not (isinstance(p, dict) and _is_number(p.get("t_s")) and isinstance(completed, dict)
                     and all(_is_number(n) for n in completed.values())):
-                raise usage_error(f"--resimulate {run_dir}: runs[{i}].timeline[{k}] must be a sample with t_s (s) "
+                raise usage_error(f"{option} {run_dir}: runs[{i}].timeline[{k}] must be a sample with t_s (s) "
                                   f"and completed (class -> units), got {str(p)[:200]}; {_WANT_RUN}")
 
 
-def _check_cpu_cores(run_dir: Path, where: str, owner) -> None:
+def _check_cpu_cores(run_dir: Path, where: str, owner, option: str) -> None:
     """Refuse (usage error) a saved ``cpu_cores`` that is not null or {role: cores >= 0}, and a
     ``cpu_cores_by_engine`` that is not null or a list of such maps."""
     def cores_map(cores) -> bool:
@@ -1397,11 +1438,11 @@ def _check_cpu_cores(run_dir: Path, where: str, owner) -> None:
 
     cores = owner.get("cpu_cores") if isinstance(owner, dict) else None
     if cores is not None and not cores_map(cores):
-        raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores must map roles to cores (>= 0) or be "
+        raise usage_error(f"{option} {run_dir}: {where}.cpu_cores must map roles to cores (>= 0) or be "
                           f"null, got {cores!r}; {_WANT_RUN}")
     per = owner.get("cpu_cores_by_engine") if isinstance(owner, dict) else None
     if per is not None and not (isinstance(per, list) and all(cores_map(c) for c in per)):
-        raise usage_error(f"--resimulate {run_dir}: {where}.cpu_cores_by_engine must be a list of maps from roles "
+        raise usage_error(f"{option} {run_dir}: {where}.cpu_cores_by_engine must be a list of maps from roles "
                           f"to cores (>= 0), one per engine, or null, got {per!r}; {_WANT_RUN}")
 
 
@@ -1460,6 +1501,119 @@ def resimulate(run_dir: Path, request_overhead: bool = True) -> tuple[list[dict]
              minutes, seed, warmup, request_overhead)
     _save(run_dir, results, calibration, args)
     return results, minutes, warmup
+
+
+COMBINE_SAME_ARGS = ("minutes", "warmup_minutes", "kv_tokens", "max_model_len", "max_num_batched_tokens",
+                     "engine_arg", "tool_gap_share", "units")
+"""What the runs given to ``--combine`` must share (as each seed saved its ``args``): the
+windows, the engines' shape and the workload; each seed's trace is also compared byte for byte."""
+
+_RUN_KEYS = ("label", "impl", "policy", "ceiling", "sweep", "real", "regime")
+
+
+def _combine_source(folder: Path) -> dict:
+    """One seed folder of a run given to ``--combine``: its saved results, checked.
+
+    Raises:
+        SystemExit: not a finished run's seed folder (:func:`check_run_folder`), or its
+            results lack what the summary reads.
+    """
+    check_run_folder(folder, "--combine")
+    try:
+        saved = json.loads((folder / "results.json").read_text())
+        missing = [k for k in COMBINE_SAME_ARGS if k not in saved["args"]]
+        missing += [f"runs[{i}].{k}" for i, r in enumerate(saved["runs"]) for k in _RUN_KEYS if k not in r]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        missing = [f"{e}" if isinstance(e, KeyError) else str(e).splitlines()[0]]
+    if missing:
+        raise usage_error(f"--combine {folder}: not a finished run's results (missing {', '.join(missing)}); "
+                          f"{_WANT_RUN}")
+    return saved
+
+
+def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[dict]]], float, float]:
+    """Set the routers of finished runs side by side, seed by seed, as one run that ran them
+    all would (e.g. sweep points run later, added to an earlier run), and write that run's
+    folder ``out``: per seed ``results.json`` (each run keeps its figures, simulator replays
+    included, and names its ``source`` folder), the trace, ``table.md`` and the plots; over
+    seeds ``summary.md``/``summary.json``, which name the sources. Each source started and
+    calibrated its own engines: the runs are compared on the same traces and options, not in
+    one session of the engines (to redo the simulator's half, ``--resimulate`` each source
+    and combine again). Nothing is started.
+
+    Returns:
+        (per seed: (seed, results), minutes per run, warm-up minutes).
+
+    Raises:
+        SystemExit: fewer than two folders or one twice, ``out`` one of them or a folder
+            with results --combine did not write, a folder not a finished run with
+            ``seed-<n>/`` folders, runs of different seeds, traces or
+            :data:`COMBINE_SAME_ARGS`, or one router label in two runs.
+    """
+    if len(run_dirs) < 2:
+        raise usage_error(f"--combine: give two run folders or more, got {len(run_dirs)}")
+    where = [d.resolve() for d in run_dirs]
+    if len(set(where)) != len(where):
+        raise usage_error("--combine: a run folder is given twice")
+    if out.resolve() in where:
+        raise usage_error(f"--out {out}: one of the runs to combine; give a new folder")
+    for d in seed_folders(out):  # a run's own results are never overwritten; an earlier combination may be
+        try:
+            combined = bool(json.loads((d / "results.json").read_text())["args"]["combined_from"])
+        except (OSError, ValueError, KeyError, TypeError):
+            combined = not (d / "results.json").exists()
+        if not combined:
+            raise usage_error(f"--out {out}: holds a run ({d.name}/results.json) that --combine did not write; "
+                              "give a new folder")
+    sources: list[tuple[Path, dict[int, Path]]] = []
+    for d in run_dirs:
+        if not d.is_dir():
+            raise usage_error(f"--combine {d}: no such folder; {_WANT_RUN}")
+        by_seed = {int(s.name.removeprefix("seed-")): s for s in seed_folders(d)}
+        if not by_seed:
+            raise usage_error(f"--combine {d}: no seed-<n>/ folder; {_WANT_RUN}")
+        sources.append((d, by_seed))
+    seeds = sorted(sources[0][1])
+    for d, by_seed in sources[1:]:
+        if sorted(by_seed) != seeds:
+            raise usage_error(f"--combine: {run_dirs[0]} has seeds {seeds}, {d} has {sorted(by_seed)}; "
+                              "combine runs of the same seeds")
+    loaded = {(d, seed): _combine_source(by_seed[seed]) for d, by_seed in sources for seed in seeds}
+    first_dir = run_dirs[0]
+    per_seed: list[tuple[int, list[dict]]] = []
+    for seed in seeds:
+        first = loaded[(first_dir, seed)]
+        digest = hashlib.sha256((sources[0][1][seed] / "trace.jsonl").read_bytes()).hexdigest()
+        runs: list[dict] = []
+        label_from: dict[str, Path] = {}
+        for d, by_seed in sources:
+            saved = loaded[(d, seed)]
+            differ = [f"{k} {first['args'][k]} vs {saved['args'][k]}" for k in COMBINE_SAME_ARGS
+                      if str(first["args"][k]) != str(saved["args"][k])]
+            if differ:
+                raise usage_error(f"--combine: {first_dir} and {d} ran with different options ({'; '.join(differ)}); "
+                                  "combine runs of one workload and engine shape")
+            if hashlib.sha256((by_seed[seed] / "trace.jsonl").read_bytes()).hexdigest() != digest:
+                raise usage_error(f"--combine: seed {seed}'s trace differs between {first_dir} and {d}; "
+                                  "combine runs that replayed the same traces")
+            for r in saved["runs"]:
+                if r["label"] in label_from:
+                    raise usage_error(f"--combine: {r['label']!r} ran in both {label_from[r['label']]} and {d}; "
+                                      "combine runs of different routers or ceilings")
+                label_from[r["label"]] = d
+                runs.append({**r, "source": str(d)})
+        runs.sort(key=lambda r: (r["impl"] != "vllm", int(r["ceiling"]) if r["impl"] == "vllm" else 0))  # stable
+        per_seed.append((seed, runs))
+    for seed, runs in per_seed:  # written once every seed passed
+        folder = out / f"seed-{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sources[0][1][seed] / "trace.jsonl", folder / "trace.jsonl")
+        args = {**loaded[(first_dir, seed)]["args"], "combined_from": [str(d) for d in run_dirs], "out": str(out)}
+        (folder / "results.json").write_text(json.dumps(
+            {"calibration": None, "calibrations": {str(d): loaded[(d, seed)]["calibration"] for d in run_dirs},
+             "baseline": _best_sweep(runs, "real"), "args": args, "runs": runs}, indent=1))
+    args = loaded[(first_dir, seeds[0])]["args"]
+    return per_seed, float(args["minutes"]), float(args.get("warmup_minutes", 0.0))
 
 
 async def _engine_info(urls: list[str]) -> dict:

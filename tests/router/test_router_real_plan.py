@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -533,3 +534,100 @@ def test_each_engine_real_beside_simulated_the_engine_with_more_prefill_first(tm
     # the real engine 0 (reversed above) is the one with more prefill: it comes first, with its worker's 0.6 cores
     assert rows[0].startswith("| vllm-router c=4 | more prefill | 20 / ") and rows[0].endswith("| 0.60 |")
     assert rows[1].startswith("| vllm-router c=4 | less prefill | 4 / ") and rows[1].endswith("| 0.90 |")
+
+
+def _finished_seeds(run: Path, labels: list[tuple[str, str, str, int, float]], seeds=(0, 1)) -> None:
+    """A hand-made finished run of ``seeds`` in ``run`` (``seed-<n>/``), resimulated so each
+    router has its simulator figures: per router (label, impl, policy, ceiling, real samples/min)."""
+    from bench.router_real import resimulate
+
+    for seed in seeds:
+        folder = run / f"seed-{seed}"
+        folder.mkdir(parents=True)
+        runs, calibration, args, real = _finished_run(folder)
+        made = [{**runs[0 if impl == "vllm" else 1], "label": label, "impl": impl, "policy": policy,
+                 "ceiling": ceiling, "sweep": impl == "vllm", "real": {**real, "samples_per_min": spm}}
+                for label, impl, policy, ceiling, spm in labels]
+        args = {**args, "warmup_minutes": "0.0", "kv_tokens": "8192", "engine_arg": "[]", "tool_gap_share": "0.25",
+                "units": "60"}
+        (folder / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": made}))
+        resimulate(folder)
+
+
+def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
+    """Sweep points run later join an earlier run's routers, seed by seed, in one folder and
+    summary naming its sources; runs that do not share seeds, traces, options or that ran
+    one router twice are refused in one line (exit 2), and the result is neither resimulated
+    nor combined again."""
+    import shutil
+
+    from bench.router_real import combine_runs
+
+    early, late = tmp_path / "early", tmp_path / "late"
+    _finished_seeds(early, [("vllm-router c=4", "vllm", "cache_aware", 4, 10.0), ("misa_t c=8", "ours", "misa_t", 8, 12.0)])
+    _finished_seeds(late, [("vllm-router c=2", "vllm", "cache_aware", 2, 14.0),
+                           ("kv_horizon c=2", "ours", "kv_horizon", 2, 21.0)])
+    out = tmp_path / "both"
+    run = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
+                          "--out", str(out)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    for seed in (0, 1):
+        saved = json.loads((out / f"seed-{seed}" / "results.json").read_text())
+        assert [r["label"] for r in saved["runs"]] == ["vllm-router c=2", "vllm-router c=4", "misa_t c=8",
+                                                       "kv_horizon c=2"]  # the vLLM Router by ceiling, then ours
+        assert [r["source"] for r in saved["runs"]] == [str(late), str(early), str(early), str(late)]
+        assert saved["baseline"] == "vllm-router c=2" and saved["args"]["combined_from"] == [str(early), str(late)]
+        assert (out / f"seed-{seed}" / "trace.jsonl").read_bytes() == (early / f"seed-{seed}" / "trace.jsonl").read_bytes()
+        assert (out / f"seed-{seed}" / "table.md").exists() and (out / f"seed-{seed}" / "router_real.png").exists()
+    summary = (out / "summary.md").read_text()
+    assert f"Combined (`--combine`) from 2 runs" in summary and f"`{early}`: vllm-router c=4, misa_t c=8" in summary
+    # the best sweep point of either run is the baseline: 10 and 21 samples/min against 14
+    assert "misa_t c=8 vs vllm-router (sweep-tuned, real): -14.3% ± 0.0 samples/min" in summary
+    assert "kv_horizon c=2 vs vllm-router (sweep-tuned, real): +50.0% ± 0.0 samples/min" in summary
+    assert "each class's p50 completion time" in summary and "| vllm-router c=4 | 4 (2x) | 10.00 | -28.6% ± 0.0 |" in summary
+    assert json.loads((out / "summary.json").read_text())["sources"] == {
+        str(late): ["vllm-router c=2", "kv_horizon c=2"], str(early): ["vllm-router c=4", "misa_t c=8"]}
+    # what it wrote is not a run to resimulate or combine again: give its sources
+    for option in ("--resimulate", "--combine"):
+        again = subprocess.run([sys.executable, "-m", "bench.router_real", option, str(out)]
+                               + ([str(early), "--out", str(tmp_path / "x")] if option == "--combine" else []),
+                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+        assert again.returncode == 2 and "a folder written by --combine" in again.stderr, again.stderr
+        assert "Traceback" not in again.stderr
+
+    def refused(dirs: list[Path], expected: str, dest: Path = tmp_path / "refused") -> None:
+        with pytest.raises(SystemExit) as e:
+            combine_runs(dirs, dest)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and expected in err and err.count("\n") == 1, err
+
+    refused([early], "give two run folders or more, got 1")
+    refused([early, tmp_path / "early"], "a run folder is given twice")
+    refused([early, late], "one of the runs to combine", dest=late)
+    shutil.copytree(early / "seed-0", tmp_path / "a-run" / "seed-0")
+    refused([early, late], "holds a run (seed-0/results.json) that --combine did not write", dest=tmp_path / "a-run")
+    combine_runs([early, late], out)  # an earlier combination is written over
+    refused([early, tmp_path / "nope"], "no such folder")
+    (tmp_path / "bare").mkdir()
+    refused([early, tmp_path / "bare"], "no seed-<n>/ folder")
+    shutil.copytree(early, tmp_path / "twice")
+    refused([early, tmp_path / "twice"], "'vllm-router c=4' ran in both")
+    shutil.copytree(late, tmp_path / "one-seed")
+    shutil.rmtree(tmp_path / "one-seed" / "seed-1")
+    refused([early, tmp_path / "one-seed"], "has seeds [0, 1]")
+    shutil.copytree(late, tmp_path / "other-trace")
+    with open(tmp_path / "other-trace" / "seed-1" / "trace.jsonl", "a") as f:
+        f.write("\n")
+    refused([early, tmp_path / "other-trace"], "seed 1's trace differs")
+    shutil.copytree(late, tmp_path / "other-units")
+    saved = json.loads((tmp_path / "other-units" / "seed-0" / "results.json").read_text())
+    saved["args"]["units"] = "3000"
+    (tmp_path / "other-units" / "seed-0" / "results.json").write_text(json.dumps(saved))
+    refused([early, tmp_path / "other-units"], "different options (units 60 vs 3000)")
+    del saved["args"]["kv_tokens"]
+    (tmp_path / "other-units" / "seed-0" / "results.json").write_text(json.dumps(saved))
+    refused([early, tmp_path / "other-units"], "not a finished run's results (missing kv_tokens)")
+    assert not (tmp_path / "refused").exists()  # nothing written before every source passed
+    both = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
+                           "--resimulate", str(early)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert both.returncode == 2 and "give one of them" in both.stderr
