@@ -1521,13 +1521,18 @@ def _combine_source(folder: Path) -> dict:
     check_run_folder(folder, "--combine")
     try:
         saved = json.loads((folder / "results.json").read_text())
-        missing = [k for k in COMBINE_SAME_ARGS if k not in saved["args"]]
-        missing += [f"runs[{i}].{k}" for i, r in enumerate(saved["runs"]) for k in _RUN_KEYS if k not in r]
+        problems = [f"missing args.{k}" for k in COMBINE_SAME_ARGS if k not in saved["args"]]
+        problems += [f"missing runs[{i}].{k}" for i, r in enumerate(saved["runs"]) for k in _RUN_KEYS if k not in r]
+        if not problems:  # the numbers it windows and sorts by
+            float(saved["args"]["minutes"]), float(saved["args"]["warmup_minutes"])
+            problems += [f"runs[{i}].ceiling not a whole number" for i, r in enumerate(saved["runs"])
+                         if not isinstance(r["ceiling"], int) or isinstance(r["ceiling"], bool)]
+            problems += [f"runs[{i}].real without samples_per_min" for i, r in enumerate(saved["runs"])
+                         if not _is_number((r["real"] or {}).get("samples_per_min"))]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        missing = [f"{e}" if isinstance(e, KeyError) else str(e).splitlines()[0]]
-    if missing:
-        raise usage_error(f"--combine {folder}: not a finished run's results (missing {', '.join(missing)}); "
-                          f"{_WANT_RUN}")
+        problems = [f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]]
+    if problems:
+        raise usage_error(f"--combine {folder}: not a finished run's results ({'; '.join(problems)}); {_WANT_RUN}")
     return saved
 
 
@@ -1602,7 +1607,7 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
                                       "combine runs of different routers or ceilings")
                 label_from[r["label"]] = d
                 runs.append({**r, "source": str(d)})
-        runs.sort(key=lambda r: (r["impl"] != "vllm", int(r["ceiling"]) if r["impl"] == "vllm" else 0))  # stable
+        runs.sort(key=lambda r: (r["impl"] != "vllm", r["ceiling"] if r["impl"] == "vllm" else 0))  # stable
         per_seed.append((seed, runs))
     for seed, runs in per_seed:  # written once every seed passed
         folder = out / f"seed-{seed}"

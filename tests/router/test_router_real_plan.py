@@ -626,7 +626,13 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     refused([early, tmp_path / "other-units"], "different options (units 60 vs 3000)")
     del saved["args"]["kv_tokens"]
     (tmp_path / "other-units" / "seed-0" / "results.json").write_text(json.dumps(saved))
-    refused([early, tmp_path / "other-units"], "not a finished run's results (missing kv_tokens)")
+    refused([early, tmp_path / "other-units"], "not a finished run's results (missing args.kv_tokens)")
+    saved["args"]["kv_tokens"], saved["args"]["minutes"] = "8192", "half"
+    (tmp_path / "other-units" / "seed-0" / "results.json").write_text(json.dumps(saved))
+    refused([early, tmp_path / "other-units"], "could not convert string to float: 'half'")
+    saved["args"]["minutes"], saved["runs"][0]["ceiling"] = "0.5", "2"
+    (tmp_path / "other-units" / "seed-0" / "results.json").write_text(json.dumps(saved))
+    refused([early, tmp_path / "other-units"], "runs[0].ceiling not a whole number")
     assert not (tmp_path / "refused").exists()  # nothing written before every source passed
     both = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
                            "--resimulate", str(early)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
