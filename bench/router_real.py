@@ -992,6 +992,14 @@ def main() -> None:
                              "e.g. sweep points run later) side by side in one run folder (--out) with its "
                              "summary over seeds")
     args = parser.parse_args()
+    if args.combine is not None or args.resimulate is not None:
+        mode = "--combine" if args.combine is not None else "--resimulate"
+        kept = {"combine", "resimulate"} | ({"out"} if mode == "--combine" else {"request_overhead"})
+        ignored = [f"--{dest.replace('_', '-')}" for dest, value in vars(args).items()
+                   if dest not in kept and value != parser.get_default(dest)]
+        if ignored:  # a finished run keeps the options it ran with
+            raise usage_error(f"{mode} reads finished runs, which keep the options they ran with; "
+                              f"leave out {', '.join(ignored)}")
     if args.combine is not None:
         if args.resimulate is not None:
             raise usage_error("--combine and --resimulate: give one of them (resimulate each run, then combine)")
@@ -1536,6 +1544,14 @@ def _combine_source(folder: Path) -> dict:
     return saved
 
 
+def _same_option(a, b) -> bool:
+    """Whether two saved option values are the same (``"10"`` and ``"10.0"`` are)."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
 def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[dict]]], float, float]:
     """Set the routers of finished runs side by side, seed by seed, as one run that ran them
     all would (e.g. sweep points run later, added to an earlier run), and write that run's
@@ -1550,8 +1566,8 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
         (per seed: (seed, results), minutes per run, warm-up minutes).
 
     Raises:
-        SystemExit: fewer than two folders or one twice, ``out`` one of them or a folder
-            with results --combine did not write, a folder not a finished run with
+        SystemExit: fewer than two folders or one twice, ``out`` one of them, inside one,
+            a file or a folder with results --combine did not write, a folder not a finished run with
             ``seed-<n>/`` folders, runs of different seeds, traces or
             :data:`COMBINE_SAME_ARGS`, or one router label in two runs.
     """
@@ -1560,8 +1576,13 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
     where = [d.resolve() for d in run_dirs]
     if len(set(where)) != len(where):
         raise usage_error("--combine: a run folder is given twice")
-    if out.resolve() in where:
-        raise usage_error(f"--out {out}: one of the runs to combine; give a new folder")
+    if any(out.resolve() == w or out.resolve().is_relative_to(w) for w in where):
+        raise usage_error(f"--out {out}: one of the runs to combine or a folder inside one; give a new folder")
+    if out.exists() and not out.is_dir():
+        raise usage_error(f"--out {out}: a file, not a folder; give a new folder")
+    for d in out.glob("seed-*") if out.is_dir() else []:
+        if re.fullmatch(r"seed-\d+", d.name) and not d.is_dir():
+            raise usage_error(f"--out {out}: {d.name} is a file, not a seed's folder; give a new folder")
     for d in seed_folders(out):  # a run's own results are never overwritten; an earlier combination may be
         try:
             combined = bool(json.loads((d / "results.json").read_text())["args"]["combined_from"])
@@ -1594,7 +1615,7 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
         for d, by_seed in sources:
             saved = loaded[(d, seed)]
             differ = [f"{k} {first['args'][k]} vs {saved['args'][k]}" for k in COMBINE_SAME_ARGS
-                      if str(first["args"][k]) != str(saved["args"][k])]
+                      if not _same_option(first["args"][k], saved["args"][k])]
             if differ:
                 raise usage_error(f"--combine: {first_dir} and {d} ran with different options ({'; '.join(differ)}); "
                                   "combine runs of one workload and engine shape")
@@ -1609,6 +1630,9 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
                 runs.append({**r, "source": str(d)})
         runs.sort(key=lambda r: (r["impl"] != "vllm", r["ceiling"] if r["impl"] == "vllm" else 0))  # stable
         per_seed.append((seed, runs))
+    for d in seed_folders(out):  # an earlier combination's seeds that this one has not
+        if int(d.name.removeprefix("seed-")) not in seeds:
+            shutil.rmtree(d)
     for seed, runs in per_seed:  # written once every seed passed
         folder = out / f"seed-{seed}"
         folder.mkdir(parents=True, exist_ok=True)

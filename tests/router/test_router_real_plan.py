@@ -604,9 +604,18 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     refused([early], "give two run folders or more, got 1")
     refused([early, tmp_path / "early"], "a run folder is given twice")
     refused([early, late], "one of the runs to combine", dest=late)
+    refused([early, late], "a folder inside one", dest=early / "seed-0" / "combined")
+    (tmp_path / "a-file").write_text("")
+    refused([early, late], "a file, not a folder", dest=tmp_path / "a-file")
+    (tmp_path / "seed-file" / "seed-0").mkdir(parents=True)
+    (tmp_path / "seed-file" / "seed-1").write_text("")
+    refused([early, late], "seed-1 is a file, not a seed's folder", dest=tmp_path / "seed-file")
+    assert not any((tmp_path / "seed-file" / "seed-0").iterdir())
     shutil.copytree(early / "seed-0", tmp_path / "a-run" / "seed-0")
     refused([early, late], "holds a run (seed-0/results.json) that --combine did not write", dest=tmp_path / "a-run")
-    combine_runs([early, late], out)  # an earlier combination is written over
+    shutil.copytree(out / "seed-1", out / "seed-7")
+    combine_runs([early, late], out)  # an earlier combination is written over, its other seeds removed
+    assert sorted(p.name for p in out.glob("seed-*")) == ["seed-0", "seed-1"]
     refused([early, tmp_path / "nope"], "no such folder")
     (tmp_path / "bare").mkdir()
     refused([early, tmp_path / "bare"], "no seed-<n>/ folder")
@@ -637,3 +646,14 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     both = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
                            "--resimulate", str(early)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert both.returncode == 2 and "give one of them" in both.stderr
+    # a new run's options are not silently dropped; "10" and "10.0" minutes are the same option
+    seeds = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
+                            "--seeds", "0"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert seeds.returncode == 2 and "leave out --seeds" in seeds.stderr, seeds.stderr
+    shutil.rmtree(tmp_path / "other-units")
+    shutil.copytree(late, tmp_path / "other-units")
+    for seed in (0, 1):
+        path = tmp_path / "other-units" / f"seed-{seed}" / "results.json"
+        saved = json.loads(path.read_text())
+        path.write_text(json.dumps({**saved, "args": {**saved["args"], "minutes": "0.50"}}))
+    combine_runs([early, tmp_path / "other-units"], tmp_path / "same-minutes")
