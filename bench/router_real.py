@@ -992,6 +992,8 @@ def main() -> None:
                              "e.g. sweep points run later) side by side in one run folder (--out) with its "
                              "summary over seeds")
     args = parser.parse_args()
+    if args.combine is not None and args.resimulate is not None:
+        raise usage_error("--combine and --resimulate: give one of them (resimulate each run, then combine)")
     if args.combine is not None or args.resimulate is not None:
         mode = "--combine" if args.combine is not None else "--resimulate"
         kept = {"combine", "resimulate"} | ({"out"} if mode == "--combine" else {"request_overhead"})
@@ -1001,8 +1003,6 @@ def main() -> None:
             raise usage_error(f"{mode} reads finished runs, which keep the options they ran with; "
                               f"leave out {', '.join(ignored)}")
     if args.combine is not None:
-        if args.resimulate is not None:
-            raise usage_error("--combine and --resimulate: give one of them (resimulate each run, then combine)")
         out = args.out or REPO_ROOT / "runs" / "bench" / f"router-real-combined-{datetime.now():%Y%m%d-%H%M%S}"
         per_seed, minutes, warmup = combine_runs(args.combine, out)
         for seed, results in per_seed:
@@ -1580,10 +1580,12 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
         raise usage_error(f"--out {out}: one of the runs to combine or a folder inside one; give a new folder")
     if out.exists() and not out.is_dir():
         raise usage_error(f"--out {out}: a file, not a folder; give a new folder")
+    # a run's results are never overwritten; an earlier combination's may be
     for d in out.glob("seed-*") if out.is_dir() else []:
-        if re.fullmatch(r"seed-\d+", d.name) and not d.is_dir():
+        if not re.fullmatch(r"seed-\d+", d.name):
+            continue
+        if not d.is_dir():
             raise usage_error(f"--out {out}: {d.name} is a file, not a seed's folder; give a new folder")
-    for d in seed_folders(out):  # a run's own results are never overwritten; an earlier combination may be
         try:
             combined = bool(json.loads((d / "results.json").read_text())["args"]["combined_from"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -1609,7 +1611,7 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
     per_seed: list[tuple[int, list[dict]]] = []
     for seed in seeds:
         first = loaded[(first_dir, seed)]
-        digest = hashlib.sha256((sources[0][1][seed] / "trace.jsonl").read_bytes()).hexdigest()
+        digest = None  # the first run's trace
         runs: list[dict] = []
         label_from: dict[str, Path] = {}
         for d, by_seed in sources:
@@ -1619,7 +1621,9 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
             if differ:
                 raise usage_error(f"--combine: {first_dir} and {d} ran with different options ({'; '.join(differ)}); "
                                   "combine runs of one workload and engine shape")
-            if hashlib.sha256((by_seed[seed] / "trace.jsonl").read_bytes()).hexdigest() != digest:
+            trace_digest = hashlib.sha256((by_seed[seed] / "trace.jsonl").read_bytes()).hexdigest()
+            digest = digest or trace_digest
+            if trace_digest != digest:
                 raise usage_error(f"--combine: seed {seed}'s trace differs between {first_dir} and {d}; "
                                   "combine runs that replayed the same traces")
             for r in saved["runs"]:
@@ -1642,7 +1646,7 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
             {"calibration": None, "calibrations": {str(d): loaded[(d, seed)]["calibration"] for d in run_dirs},
              "baseline": _best_sweep(runs, "real"), "args": args, "runs": runs}, indent=1))
     args = loaded[(first_dir, seeds[0])]["args"]
-    return per_seed, float(args["minutes"]), float(args.get("warmup_minutes", 0.0))
+    return per_seed, float(args["minutes"]), float(args["warmup_minutes"])
 
 
 async def _engine_info(urls: list[str]) -> dict:
