@@ -289,8 +289,10 @@ def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
         if _is_group(key) and value not in group_options(key):
-            return (f"{key}={value}: no such {key}. Valid options for {key}: "
-                    f"{', '.join(group_options(key))}.")
+            options = group_options(key)
+            close = difflib.get_close_matches(value, options, n=1)
+            guess = f" Did you mean {key}={close[0]}?" if close else ""
+            return f"{key}={value}: no such {key}.{guess} Valid options for {key}: {', '.join(options)}."
     return f"{e}"
 
 
@@ -330,7 +332,12 @@ def _unknown_key_message(e: Exception, config_name: str, overrides: Sequence[str
             wrong, rest = key.split(".")[depth], key.split(".")[depth + 1:]  # the first part not found
             close = [k for k in difflib.get_close_matches(wrong, keys, n=1) if k != wrong]
             path = ".".join([*filter(None, [parent]), *close[:1], *rest])
-            guess = f"Did you mean '{path}'? " if close and _has_key(cfg, path) else ""  # only a key that is there
+            if close and _has_key(cfg, path):  # only a key that is there
+                guess = f"Did you mean '{path}'? "
+            elif close and rest:  # the section is misspelled, and what follows is not under it either
+                guess = f"Did you mean '{'.'.join([*filter(None, [parent]), close[0]])}' (then a key under it)? "
+            else:
+                guess = ""
             return (f"unknown config key '{key}'. {guess}Valid keys {where}: {', '.join(keys)}. "
                     f"(To add a new key on purpose, write +{key}=...)")
     return str(e).splitlines()[0]

@@ -124,8 +124,8 @@ def check_sources(rho: Mapping[str, float], classes: Iterable[str]) -> None:
     if missing:
         raise MixtureError(
             f"workload classes {missing} have a positive target share but no prompt "
-            f"sources (classes with sources: {', '.join(sorted(have))}); give them sources "
-            "or set their rho weight to 0")
+            f"sources (classes with sources: {', '.join(sorted(have))}; a domain of weight 0 "
+            "is off); give them sources or set their rho weight to 0")
 
 
 class MixtureSampler:
@@ -222,6 +222,42 @@ class MixtureSampler:
         self.num_groups = int(state["num_groups"])
 
 
+def active_domains(domains: Mapping[str, Any] | None) -> dict[str, dict[str, tuple[dict, float]]]:
+    """The prompt domains of ``trainer.domains`` that are switched on, with their weights.
+
+    A domain's ``weight`` (default 1) is relative to the other domains of its class; 0
+    switches it off: it is left out here, so its source is never built and its data (a
+    GSM8K file, say) need not exist. A class whose domains are all off has no entry.
+
+    Args:
+        domains: class -> domain name -> options (``trainer.domains``).
+
+    Returns:
+        class -> domain name -> (options, weight > 0), in the recipe's order.
+
+    Raises:
+        MixtureError: a weight that is not a finite number >= 0 (the message names
+            ``trainer.domains.<class>.<domain>.weight``).
+    """
+    out: dict[str, dict[str, tuple[dict, float]]] = {}
+    for b, doms in (domains or {}).items():
+        for name, opts in (doms or {}).items():
+            opts = dict(opts or {})
+            raw = opts.get("weight", 1.0)
+            try:
+                if isinstance(raw, bool):
+                    raise TypeError
+                weight = float(raw)
+            except (TypeError, ValueError):
+                weight = float("nan")
+            if not 0.0 <= weight < float("inf"):
+                raise MixtureError(f"trainer.domains.{b}.{name}.weight={raw!r}: give a number >= 0 "
+                                   "(relative to the class's other domains; 0 switches the domain off)")
+            if weight > 0.0:
+                out.setdefault(str(b), {})[str(name)] = (opts, weight)
+    return out
+
+
 def sampler_from_config(tcfg: Mapping[str, Any], seed: int, run_id: str = "run",
                         extra_sources: Mapping[str, Mapping[str, tuple[PromptSource, float]]] | None = None
                         ) -> MixtureSampler:
@@ -240,11 +276,9 @@ def sampler_from_config(tcfg: Mapping[str, Any], seed: int, run_id: str = "run",
     from rl.data import make_source
 
     sources: dict[str, dict[str, tuple[PromptSource, float]]] = {}
-    for b, doms in (tcfg.get("domains") or {}).items():
-        for name, opts in (doms or {}).items():
-            opts = dict(opts or {})
-            sources.setdefault(str(b), {})[str(name)] = (make_source(str(name), opts),
-                                                         float(opts.get("weight", 1.0)))
+    for b, doms in active_domains(tcfg.get("domains")).items():
+        for name, (opts, weight) in doms.items():
+            sources.setdefault(b, {})[name] = (make_source(name, opts), weight)
     for b, doms in (extra_sources or {}).items():
         sources.setdefault(b, {}).update(doms)
     sizes = dict(tcfg.get("group_size") or {})

@@ -475,13 +475,17 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
     from rl.grpo import loss_config
     from rl.learner import learner_config
     from rl.mixture import normalize_mixture
-    from rl.sampler import check_sources
+    from rl.sampler import active_domains, check_sources
     from rl.trainer import TrainerError, check_group_fits, trainer_config
     from rollout.weight_sync import weight_sync_config
 
     plain = OmegaConf.to_container(tcfg, resolve=True)
+    try:  # the domains switched on (weight > 0); one of weight 0 is not built, its data not read
+        domains = active_domains(plain.get("domains"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # prompt sources: trainer.domains, and the agent server's task sets for class agent (_main)
-    sourced = [str(b) for b, doms in (plain.get("domains") or {}).items() if doms] + ["agent"]
+    sourced = list(domains) + ["agent"]
     checks = (("trainer.rho", lambda: check_sources(plain.get("rho"), sourced)),
               ("trainer.loss", lambda: loss_config(plain["loss"])),
               ("trainer.learner", lambda: learner_config(plain)),
@@ -506,12 +510,13 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
                          normalize_mixture(plain["rho"]))
     except TrainerError as e:
         raise ConfigError(str(e)) from None
-    for b, domains in (plain.get("domains") or {}).items():  # e.g. the GSM8K file is there and readable
-        for name, opts in (domains or {}).items():
+    for b, doms in domains.items():  # e.g. the GSM8K file is there and readable
+        for name, (opts, _weight) in doms.items():
             try:
-                make_source(str(name), dict(opts or {}))
+                make_source(name, opts)
             except DataError as e:
-                raise ConfigError(f"trainer.domains.{b}.{name}: {e}") from None
+                raise ConfigError(f"trainer.domains.{b}.{name}: {e}; or switch the domain off with "
+                                  f"trainer.domains.{b}.{name}.weight=0") from None
 
 
 def router_label(router_cfg) -> str:

@@ -71,8 +71,12 @@ def test_cfg_job_prints_the_resolved_config():
 
 
 def test_compose_raises_config_error_for_a_missing_group_option():
-    with pytest.raises(ConfigError, match="Valid options for model: hf, smollm2-135m"):
+    with pytest.raises(ConfigError, match="Valid options for model: hf, smollm2-135m") as e:
         compose("train", ["model=llama-70b"])
+    assert "Did you mean" not in str(e.value)  # nothing close: no guess
+    with pytest.raises(ConfigError, match=r"recipe=mixed_stp: no such recipe. Did you mean recipe=mixed_step\? "
+                                          r"Valid options for recipe: "):
+        compose("train", ["recipe=mixed_stp"])
 
 
 def test_recipe_overrides_group_defaults():
@@ -100,14 +104,46 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
     ("trainer.agent_timeout_s=0", "trainer.agent_timeout_s=0: give a number of seconds > 0"),
     ("trainer.learner.world_size=2", "trainer.learner.world_size=2, but the launcher started 1"),
     ("trainer.learner.sync_bucket_mb=0", "learner.sync_bucket_mb and learner.collective_timeout_s"),
-    ("trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl",
+    (("trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl", "trainer.domains.rlvr.gsm8k.weight=0.5"),
      "trainer.domains.rlvr.gsm8k: GSM8K file /nonexistent/train.jsonl does not exist"),
+    ("trainer.domains.rlvr.code.weight=lots", "trainer.domains.rlvr.code.weight='lots': give a number >= 0"),
 ])
 def test_bad_trainer_values_are_refused_before_anything_starts(tmp_path, override, expect):
-    r = _run(override, f"run_dir={tmp_path}/run")
+    overrides = override if isinstance(override, tuple) else (override,)
+    r = _run(*overrides, f"run_dir={tmp_path}/run")
     assert r.returncode == 2
     assert expect in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert "engines up" not in r.stdout
+
+
+def test_a_domain_of_weight_0_is_off_so_its_missing_data_file_is_not_required():
+    """The default recipe gives GSM8K weight 0: a machine without the GSM8K file still runs it;
+    the file is required once the domain is switched on, and a class whose domains are all
+    off is a class without prompt sources."""
+    from rl.sampler import active_domains, sampler_from_config
+    from rl.train import validate_trainer_cfg
+
+    missing = "trainer.domains.rlvr.gsm8k.path=/nonexistent/train.jsonl"
+    cfg = compose("train", ["recipe=mixed_step", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test", missing])
+    validate_trainer_cfg(cfg.trainer)  # weight 0: not read
+    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    assert list(active_domains(tcfg["domains"])["rlvr"]) == ["arithmetic"]
+    sampler = sampler_from_config({**tcfg, "rho": {"rlvr": 1.0}}, seed=0)
+    assert sampler.classes["rlvr"].domain_mix == {"arithmetic": 1.0}
+    assert {u.domain for _ in range(5) for u in sampler.next_group(0)} == {"arithmetic"}
+    on = compose("train", ["recipe=mixed_step", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test", missing,
+                           "trainer.domains.rlvr.gsm8k.weight=1"])
+    with pytest.raises(ConfigError, match=r"trainer.domains.rlvr.gsm8k: GSM8K file /nonexistent/train.jsonl "
+                                          r"does not exist.*trainer.domains.rlvr.gsm8k.weight=0"):
+        validate_trainer_cfg(on.trainer)
+    all_off = compose("train", ["recipe=mixed_step", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test", missing,
+                                "trainer.domains.rlvr.arithmetic.weight=0"])
+    with pytest.raises(ConfigError, match=r"trainer.rho: .*\['rlvr'\] have a positive target share but no "
+                                          r"prompt sources"):
+        validate_trainer_cfg(all_off.trainer)
+    for bad in (-1, True, float("nan"), "x"):
+        with pytest.raises(ValueError, match=r"trainer.domains.rlvr.code.weight=.*give a number >= 0"):
+            active_domains({"rlvr": {"code": {"weight": bad}}})
 
 
 # --------------------------------------------------------------------------- the GPU recipe
@@ -272,6 +308,8 @@ def test_an_unknown_key_next_to_run_dir_is_one_line_naming_it():
     ("trainer.iteratons=3", "Did you mean 'trainer.iterations'? Valid keys under 'trainer'"),
     ("trainr.iterations=3", "Did you mean 'trainer.iterations'? Valid keys at the top level"),  # a section misspelt
     ("trainer.eval.problms=3", "Did you mean 'trainer.eval.problems'?"),
+    # a section misspelt and the key under it too: the section alone
+    ("trainr.iteratons=3", "Did you mean 'trainer' (then a key under it)? Valid keys at the top level"),
 ])
 def test_a_misspelt_key_is_refused_with_the_nearest_key_named(override, guess):
     from common.config import ConfigError, compose
@@ -287,8 +325,8 @@ def test_a_key_like_no_other_gets_no_guess():
     with pytest.raises(ConfigError) as e:
         compose("train", ["trainer.zzzzqqq=3"])
     assert "Did you mean" not in str(e.value) and "Valid keys under 'trainer'" in str(e.value)
-    # a key under a plain value, or a guess that is no key either: no guess rather than a wrong one
-    for override in ("trainer.iterations.foo=3", "trainr.iteratons=3"):
+    # a key under a plain value, or a section like no other: no guess rather than a wrong one
+    for override in ("trainer.iterations.foo=3", "zzzzqqq.iterations=3"):
         with pytest.raises(ConfigError) as e:
             compose("train", [override])
         assert "Did you mean" not in str(e.value), str(e.value)

@@ -75,9 +75,8 @@ def iter_gsm8k_file(path: str | Path) -> Iterator[tuple[int, tuple[str, str] | D
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise DataError(f"GSM8K file {p} does not exist; give a JSONL file with question/answer "
-                        "fields in trainer.domains.rlvr.gsm8k.path (training) or "
-                        f"eval.benchmarks.gsm8k.path (evaluation); the default is {DEFAULT_LOCATION}")
+        raise DataError(f"GSM8K file {p} does not exist; give the path of a JSONL file with "
+                        f"question/answer fields (the recipes' default is {DEFAULT_LOCATION})")
     with p.open() as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
