@@ -290,8 +290,11 @@ def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
         key, _, value = o.lstrip("+~").partition("=")
         if _is_group(key) and value not in group_options(key):
             options = group_options(key)
-            close = difflib.get_close_matches(value, options, n=1)
-            guess = f" Did you mean {key}={close[0]}?" if close else ""
+            # the nearest, after a near one the value starts with (mixed_step_cpu: mixed_step, then
+            # mixed_step_gpu; never the GPU recipe alone)
+            near = difflib.get_close_matches(value, options, n=2)
+            close = list(dict.fromkeys([c for c in near if value.startswith(c)] + near[:1]))
+            guess = f" Did you mean {' or '.join(f'{key}={c}' for c in close)}?" if close else ""
             return f"{key}={value}: no such {key}.{guess} Valid options for {key}: {', '.join(options)}."
     return f"{e}"
 

@@ -41,6 +41,29 @@ PER_RUN_KEYS = {"recipe": "give it to rl.compare itself (recipe=...)",
                 "run_dir": "give rl.compare's run_dir=... (each run gets a folder in it)"}
 """Keys ``rl.compare`` sets for each ``rl.train`` run, with what to do instead."""
 
+OWN_KEYS = ("routers", "seed", "train_overrides", "run_dir", "recipe")
+"""What ``rl.compare``'s own command line may set; every other key (``trainer.*``,
+``engine=``, ``model.path``, ...) belongs to the runs and goes in ``train_overrides``."""
+
+
+def refuse_run_keys(cli_overrides: list[str]) -> None:
+    """Refuse a command-line override that each run would not see.
+
+    ``rl.compare`` composes the recipe only to check it; each ``rl.train`` run composes its
+    own from ``recipe=``, the router, the seed, its run folder and ``train_overrides``, so
+    ``rl.compare trainer.iterations=3`` would be dropped without a word.
+
+    Raises:
+        ConfigError: the first such override, with the ``train_overrides`` form that passes it on.
+    """
+    for o in cli_overrides:
+        key = o.split("=", 1)[0].lstrip("+~").strip()
+        if key.split(".")[0] in OWN_KEYS or key.startswith("hydra"):
+            continue
+        passed = o.replace('"', '\\"')
+        raise ConfigError(f"{o}: rl.compare does not pass this to its runs; give it to every run as "
+                          f"'train_overrides=[\"{passed}\"]' (rl.compare's own keys: {', '.join(OWN_KEYS)})")
+
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),
             ("samples_per_min", "Sample rate"), ("prefill_tok_s", "Prefill TPS"),
             ("decode_tok_s", "Decode TPS"))
@@ -207,6 +230,7 @@ def list_option(cfg: DictConfig, key: str, example: str) -> list[str]:
 @hydra_entry("compare")
 def main(cfg: DictConfig) -> None:
     console = output_console()
+    refuse_run_keys(list(HydraConfig.get().overrides.task))
     routers = list_option(cfg, "routers", "'routers=[vllm,misa-t]'")
     if len(routers) < 2:
         raise ConfigError(f"routers={routers}: give two or more router options, e.g. [vllm,misa-t] "

@@ -515,7 +515,8 @@ def validate_trainer_cfg(tcfg: DictConfig) -> None:
             try:
                 make_source(name, opts)
             except DataError as e:
-                raise ConfigError(f"trainer.domains.{b}.{name}: {e}; or switch the domain off with "
+                where = f"give trainer.domains.{b}.{name}.path=..., " if "path" in opts else ""
+                raise ConfigError(f"trainer.domains.{b}.{name}: {e}; {where}or switch the domain off with "
                                   f"trainer.domains.{b}.{name}.weight=0") from None
 
 

@@ -77,6 +77,8 @@ def test_compose_raises_config_error_for_a_missing_group_option():
     with pytest.raises(ConfigError, match=r"recipe=mixed_stp: no such recipe. Did you mean recipe=mixed_step\? "
                                           r"Valid options for recipe: "):
         compose("train", ["recipe=mixed_stp"])
+    with pytest.raises(ConfigError, match=r"Did you mean recipe=mixed_step or recipe=mixed_step_gpu\?"):
+        compose("train", ["recipe=mixed_step_cpu"])  # not the GPU recipe first
 
 
 def test_recipe_overrides_group_defaults():
@@ -284,6 +286,7 @@ def test_sharded_32b_recipe_passes_every_check_the_job_runs_before_engines_start
     urls = [f"http://r{i}:8000" for i in range(1, 5)]
     events = [f"tcp://r{i}:5557" for i in range(1, 5)]
     cfg = compose("train", ["recipe=sharded_32b", STAND_IN_MODEL_OVERRIDE, "run_dir=runs/test",
+                            GSM8K_TINY_OVERRIDE,  # its GSM8K is on: not the file beside the repository
                             f"engine.urls=[{','.join(urls)}]",
                             f"engine.kv_event_endpoints=[{','.join(events)}]",
                             "trainer.weight_sync.nccl_master_address=node0"])

@@ -102,7 +102,8 @@ def gsm8k_benchmark(path: str | Path, limit: int | None = None, workload_class: 
         else:
             items = [row for _lineno, row in iter_gsm8k_file(p)]
     except DataError as e:
-        raise EvalError(f"gsm8k benchmark (eval.benchmarks.gsm8k.path): {e}") from None
+        raise EvalError(f"gsm8k benchmark (eval.benchmarks.gsm8k.path): {e}; or leave the benchmark out "
+                        "with eval.benchmarks.gsm8k.enabled=false") from None
     if not items:
         raise EvalError(f"gsm8k benchmark: {p} holds no records (eval.benchmarks.gsm8k.path).")
     prompts, broken = [], []

@@ -113,6 +113,20 @@ def test_train_overrides_may_not_replace_what_each_run_is_given(tmp_path):
     _refused(tmp_path, 'train_overrides=["+router=misa-t"]', "list the routers in routers=[...]")
 
 
+def test_a_key_of_the_runs_on_rl_compares_own_command_line_is_refused_not_dropped(tmp_path):
+    """Each run composes its own config: ``rl.compare trainer.iterations=3`` would never reach
+    it, so it is refused with the ``train_overrides`` form that does."""
+    from rl.compare import refuse_run_keys
+
+    _refused(tmp_path, "trainer.iterations=3", """trainer.iterations=3: rl.compare does not pass this to its """
+             """runs; give it to every run as 'train_overrides=["trainer.iterations=3"]'""")
+    for bad in ("engine=gpu", "model.path=/m", "+trainer.new=1", "~trainer.eval"):
+        with pytest.raises(ConfigError, match="train_overrides="):
+            refuse_run_keys(["routers=[vllm,misa-t]", bad])
+    refuse_run_keys(["recipe=mixed_step", "routers=[vllm,misa-t]", "seed=[3,4]", "run_dir=/tmp/x",
+                     'train_overrides=["trainer.iterations=4"]', "hydra.verbose=true"])  # its own: accepted
+
+
 def test_a_figure_that_is_not_finite_or_has_a_zero_baseline_is_left_out():
     per_seed = {0: {"a": _run(100.0, 0.0, 0.01), "b": _run(float("nan"), 5.0, 0.02)},
                 1: {"a": _run(100.0, 10.0, 0.01), "b": _run(90.0, 5.0, 0.02)}}
