@@ -292,8 +292,9 @@ def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
             options = group_options(key)
             # the nearest, after a near one the value starts with (mixed_step_cpu: mixed_step, then
             # mixed_step_gpu; never the GPU recipe alone)
-            near = difflib.get_close_matches(value, options, n=2)
-            close = list(dict.fromkeys([c for c in near if value.startswith(c)] + near[:1]))
+            near = difflib.get_close_matches(value.lower(), options, n=2)  # router=MISA-T: misa-t
+            close = [value.lower()] if value.lower() in options else \
+                list(dict.fromkeys([c for c in near if value.lower().startswith(c)] + near[:1]))
             guess = f" Did you mean {' or '.join(f'{key}={c}' for c in close)}?" if close else ""
             return f"{key}={value}: no such {key}.{guess} Valid options for {key}: {', '.join(options)}."
     return f"{e}"

@@ -20,6 +20,7 @@ per run (``recipe``, ``router``, ``seed``, ``run_dir``).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import statistics
@@ -232,12 +233,16 @@ def main(cfg: DictConfig) -> None:
     console = output_console()
     refuse_run_keys(list(HydraConfig.get().overrides.task))
     routers = list_option(cfg, "routers", "'routers=[vllm,misa-t]'")
+    options = group_options("router")
+    unknown = [r for r in routers if r not in options]
+    if unknown:  # before the count: routers=[vlm] is a misspelling first
+        near = {r: difflib.get_close_matches(r.lower(), options, n=1) for r in unknown}
+        guess = ", ".join(f"{r} -> {c[0]}" for r, c in near.items() if c)
+        raise ConfigError(f"routers: {unknown} are not router options" + (f" (did you mean {guess}?)" if guess else "")
+                          + f"; valid: {', '.join(options)}")
     if len(routers) < 2:
         raise ConfigError(f"routers={routers}: give two or more router options, e.g. [vllm,misa-t] "
                           "(the same one twice, [vllm,vllm], for an A/A control)")
-    unknown = [r for r in routers if r not in group_options("router")]
-    if unknown:
-        raise ConfigError(f"routers: {unknown} are not router options; valid: {', '.join(group_options('router'))}")
     seeds = seed_list(cfg.seed)
     labels = run_labels(routers)
     recipe = HydraConfig.get().runtime.choices["recipe"]

@@ -79,6 +79,8 @@ def test_compose_raises_config_error_for_a_missing_group_option():
         compose("train", ["recipe=mixed_stp"])
     with pytest.raises(ConfigError, match=r"Did you mean recipe=mixed_step or recipe=mixed_step_gpu\?"):
         compose("train", ["recipe=mixed_step_cpu"])  # not the GPU recipe first
+    with pytest.raises(ConfigError, match=r"router=MISA-T: no such router. Did you mean router=misa-t\?"):
+        compose("train", ["router=MISA-T"])  # case-blind
 
 
 def test_recipe_overrides_group_defaults():

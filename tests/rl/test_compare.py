@@ -36,6 +36,11 @@ def test_unknown_router_in_the_list_is_refused_with_the_options():
     assert "misa-x" in r.stderr and "misa-t" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_misspelt_router_in_the_list_is_named_with_the_nearest_before_the_count(tmp_path):
+    _refused(tmp_path, "routers=[misa_t,vllm]", "routers: ['misa_t'] are not router options (did you mean misa_t -> misa-t?)")
+    _refused(tmp_path, "routers=[vlm]", "(did you mean vlm -> vllm?)")  # not "give two or more" first
+
+
 def _refused(tmp_path, arg: str, said: str) -> None:
     """``rl.compare run_dir=... arg`` exits 2 saying ``said``, no traceback, and starts no run."""
     run_dir = tmp_path / "cmp"
