@@ -285,16 +285,28 @@ def config_groups(config_name: str) -> list[str]:
     return groups
 
 
+def nearest_options(value: str, options: Sequence[str]) -> list[str]:
+    """The options a misspelt ``value`` most likely meant (none, one or two), for a "did you
+    mean": the option itself written in another case or with ``_`` for ``-`` (``MISA-T``,
+    ``misa_t``: ``misa-t``); else the nearest, after a near one that ``value`` starts with
+    (``mixed_step_cpu``: ``mixed_step``, then ``mixed_step_gpu``, never the GPU recipe alone)."""
+    def same(text: str) -> str:
+        return text.lower().replace("_", "-")
+
+    spelt = [o for o in options if same(o) == same(value)]
+    if spelt:
+        return spelt[:1]
+    low = value.lower()
+    near = difflib.get_close_matches(low, options, n=2)
+    return list(dict.fromkeys([c for c in near if low.startswith(c)] + near[:1]))
+
+
 def _missing_option_message(e: Exception, overrides: Sequence[str]) -> str:
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
         if _is_group(key) and value not in group_options(key):
             options = group_options(key)
-            # the nearest, after a near one the value starts with (mixed_step_cpu: mixed_step, then
-            # mixed_step_gpu; never the GPU recipe alone)
-            near = difflib.get_close_matches(value.lower(), options, n=2)  # router=MISA-T: misa-t
-            close = [value.lower()] if value.lower() in options else \
-                list(dict.fromkeys([c for c in near if value.lower().startswith(c)] + near[:1]))
+            close = nearest_options(value, options)
             guess = f" Did you mean {' or '.join(f'{key}={c}' for c in close)}?" if close else ""
             return f"{key}={value}: no such {key}.{guess} Valid options for {key}: {', '.join(options)}."
     return f"{e}"

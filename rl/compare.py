@@ -20,7 +20,6 @@ per run (``recipe``, ``router``, ``seed``, ``run_dir``).
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import statistics
@@ -32,7 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig
 from rich.table import Table
 
-from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, is_seed
+from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, nearest_options, is_seed
 from common.console import output_console
 from rl.report import run_summary
 
@@ -236,8 +235,8 @@ def main(cfg: DictConfig) -> None:
     options = group_options("router")
     unknown = [r for r in routers if r not in options]
     if unknown:  # before the count: routers=[vlm] is a misspelling first
-        near = {r: difflib.get_close_matches(r.lower(), options, n=1) for r in unknown}
-        guess = ", ".join(f"{r} -> {c[0]}" for r, c in near.items() if c)
+        near = {r: nearest_options(r, options) for r in unknown}
+        guess = ", ".join(f"{r} -> {' or '.join(c)}" for r, c in near.items() if c)
         raise ConfigError(f"routers: {unknown} are not router options" + (f" (did you mean {guess}?)" if guess else "")
                           + f"; valid: {', '.join(options)}")
     if len(routers) < 2:

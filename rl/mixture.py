@@ -20,6 +20,17 @@ class MixtureError(ValueError):
     """A mixture or ledger operation is invalid; the message says what to fix."""
 
 
+def weight_number(value: Any) -> float | None:
+    """``value`` as a float when it is a number (a bool is not), else None; the caller checks
+    the range and names the key."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def normalize_mixture(weights: Mapping[str, float]) -> dict[str, float]:
     """Rescale non-negative class weights (fractions or percent) to sum to 1.
 
@@ -34,13 +45,11 @@ def normalize_mixture(weights: Mapping[str, float]) -> dict[str, float]:
         raise MixtureError("the target mixture rho names no workload class")
     w = {}
     for k, v in weights.items():
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            w[str(k)] = float(v)
-        except (TypeError, ValueError):
+        number = weight_number(v)
+        if number is None:
             raise MixtureError(f"the weight of class {str(k)!r} is {v!r}: give a number >= 0 "
-                               "(0 switches the class off)") from None
+                               "(0 switches the class off)")
+        w[str(k)] = number
     bad = {k: v for k, v in w.items() if not (v >= 0.0 and v < float("inf"))}
     if bad:
         raise MixtureError(f"mixture weights must be finite and >= 0, got {bad}")

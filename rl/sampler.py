@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from rl.data.base import Prompt, PromptSource
-from rl.mixture import MixtureError, normalize_mixture
+from rl.mixture import MixtureError, normalize_mixture, weight_number
 
 
 @dataclass(frozen=True)
@@ -244,13 +244,8 @@ def active_domains(domains: Mapping[str, Any] | None) -> dict[str, dict[str, tup
         for name, opts in (doms or {}).items():
             opts = dict(opts or {})
             raw = opts.get("weight", 1.0)
-            try:
-                if isinstance(raw, bool):
-                    raise TypeError
-                weight = float(raw)
-            except (TypeError, ValueError):
-                weight = float("nan")
-            if not 0.0 <= weight < float("inf"):
+            weight = weight_number(raw)
+            if weight is None or not 0.0 <= weight < float("inf"):
                 raise MixtureError(f"trainer.domains.{b}.{name}.weight={raw!r}: give a number >= 0 "
                                    "(relative to the class's other domains; 0 switches the domain off)")
             if weight > 0.0:
