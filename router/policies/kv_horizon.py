@@ -66,6 +66,12 @@ Placement among instances with room, MISA-T Eq. 1 with the prefix index's match
 H_{r,w} and the reservation fill as the backlog term::
 
     c_w = (L_r - H_{r,w}) / block_size + balance_blocks * R_w(t) / (U_w num_blocks_w)
+          + interference_blocks * |phi_b - Phi_w|
+
+with the last term (off by default) keeping prefill-heavy classes (agent turns: new prompt
+text, few output tokens) and decode-heavy ones (RLVR, RLHF) on separate instances where the
+budget allows: phi_b is the class's measured prefill share of its requests' tokens, Phi_w
+the mean over w's protected sessions (``interference_blocks``).
 
 GRPO siblings share their group prompt, so a sibling follows the first one (longer match)
 unless that instance is much fuller.
@@ -228,6 +234,17 @@ class KvHorizonConfig:
     (a few waiting prefills are normal under chunked prefill)."""
     balance_blocks: float = 64.0
     """Eq. 1 backlog weight: a full instance costs as much as 64 uncached prompt blocks."""
+    interference_blocks: float = 0.0
+    """Placement weight of prefill-decode interference, in blocks: a new class-b session
+    costs ``interference_blocks x |phi_b - Phi_w|`` more on instance w, with phi_b the class's
+    prefill share (:meth:`KvHorizonPolicy.prefill_share`: tokens a request adds to its
+    session's prompt over those plus its output, over the class's last ``history`` finished
+    requests, once 8 finished) and Phi_w the mean phi of w's protected sessions. An engine
+    step batches every running sequence's next token with the prefill chunks scheduled in
+    it, so a decode-heavy sample (RLVR, RLHF: short prompt, long output) on an instance that
+    also prefills agent turns (long new prompt text, a few output tokens) waits each token for
+    those chunks; kept apart, like with like, the decode-heavy classes get short steps. 0
+    (off) by default until measured on real engines."""
     fallback_num_blocks: int = 364
     """KV blocks assumed before an instance reports its size (the smallest engine here)."""
     block_size_fallback_tokens: int = 16
@@ -260,7 +277,8 @@ class KvHorizonConfig:
                      "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"):
             if not getattr(self, name) > 0:
                 bad.append(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "class_floor_sessions",
+        for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "interference_blocks",
+                     "class_floor_sessions",
                      "waiting_limit"):
             if getattr(self, name) < 0:
                 bad.append(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -387,6 +405,8 @@ class KvHorizonPolicy:
         self.session_growth: dict[str, BoundedHistory] = {}  # per class: gamma_b samples (tokens/s)
         self.whole_growth: dict[str, BoundedHistory] = {}  # per class: G_b samples (tokens per session)
         self.footprints: dict[str, BoundedHistory] = {}  # per class: Z_s / T_s of completed sessions (blocks)
+        self.added_tokens: dict[str, BoundedHistory] = {}  # per class: prompt tokens a request added (phi_b)
+        self.output_tokens: dict[str, BoundedHistory] = {}  # per class: its output tokens, same requests
         self._block_size: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
         self._now = 0.0
@@ -478,6 +498,27 @@ class KvHorizonPolicy:
             tokens = min(tokens, out)
         return tokens / bs
 
+    def prefill_share(self, workload_class: str) -> float | None:
+        """phi_b (``interference_blocks``): mean prompt tokens a class-b request added to its
+        session (its prompt less the session's previous prompt + output, or for a first
+        request less the blocks it matched on its instance) over that plus its mean output
+        tokens, over the last ``history`` finished requests; in [0, 1]; None before 8."""
+        added, out = self.added_tokens.get(workload_class), self.output_tokens.get(workload_class)
+        if added is None or out is None or len(added) < 8:
+            return None
+        a, o = added.mean(), out.mean()
+        return a / (a + o) if a + o > 0 else None
+
+    def _mix_share(self, load: _InstanceLoad) -> float | None:
+        """Phi_w: the mean phi_b of the instance's protected sessions (classes with a phi_b),
+        None when it has none."""
+        total = weight = 0.0
+        for b, n in load.sessions_by_class.items():
+            phi = self.prefill_share(b)
+            if phi is not None and n > 0:
+                total, weight = total + n * phi, weight + n
+        return total / weight if weight else None
+
     def reserved_blocks(self, instance: str, now: float) -> float:
         """Σ_{s on w} k~_s(t): what the protected sessions of ``instance`` hold and may add (blocks).
 
@@ -554,6 +595,7 @@ class KvHorizonPolicy:
         may_pass = behind and cfg.backfill_share > 0 and self._fair_to_pass(rec)
         matched = self.index.longest_prefix_match(request.block_hashes) if request.block_hashes else {}
         best, best_cost, best_need, floor_pick, why = None, math.inf, 0.0, None, "budget"
+        phi = self.prefill_share(rec.workload_class) if cfg.interference_blocks > 0 else None
         for v in healthy:
             w = v.instance
             load = self._load(w)
@@ -580,6 +622,10 @@ class KvHorizonPolicy:
             if behind and load.backfill_blocks + need > cfg.backfill_share * budget:
                 continue  # past the queue only within the backfill share
             cost = own + cfg.balance_blocks * reserved / max(budget, 1e-9)  # c_w (Eq. 1, in blocks)
+            if phi is not None:  # prefill-decode interference: like with like
+                mix = self._mix_share(load)
+                if mix is not None:
+                    cost += cfg.interference_blocks * abs(phi - mix)
             if cost < best_cost:
                 best, best_cost, best_need = v, cost, need
         if best is not None:
@@ -825,8 +871,15 @@ class KvHorizonPolicy:
                 event.completion_tokens)
         if rec is None or rec.state != _BOUND or rec.instance != event.instance or not rec.running:
             return
-        total = (event.prompt_tokens or req.prompt_tokens) + event.completion_tokens
+        prompt = event.prompt_tokens or req.prompt_tokens
+        total = prompt + event.completion_tokens
         rec.integrate(event.now, -(-total // self._bs(event.instance)))
+        if event.ok:  # phi_b's sample: what this request added to its session's prompt, and its output
+            last = self._last_prompt.get(rec.session_id)
+            added = prompt - (last if last is not None else rec.shared_blocks * self._bs(event.instance))
+            self.added_tokens.setdefault(req.workload_class, BoundedHistory(self.config.history)).append(max(0, added))
+            self.output_tokens.setdefault(req.workload_class, BoundedHistory(self.config.history)).append(
+                event.completion_tokens)
         if req.session_end:
             if rec.first_tokens is not None and rec.admitted_s is not None and event.now > rec.admitted_s:
                 residency = event.now - rec.admitted_s
@@ -902,5 +955,6 @@ class KvHorizonPolicy:
                      for w, i in instances.items()},
             "ledger_sizes": {"tracked": len(self.sessions), "held": len(self.held), "prefix_index_blocks": len(self.index)},
             "instances": instances,
+            "prefill_share": {b: self.prefill_share(b) for b in sorted(self.added_tokens)},
             "prefix_index": self.index.state(),
         }
