@@ -497,3 +497,61 @@ def test_a_request_decoding_past_its_class_growth_does_not_lower_another_session
     load = p._load("w0")
     assert (load.growing_count, load.grown, load.start_by_class) == ({}, {}, {})
     assert p.reserved_blocks("w0", 51.0) == pytest.approx(0.0)
+
+
+def _learn_prefill_shares(p, view: ClusterView) -> None:
+    """8 agent requests (4 sessions of 2 turns: 160 new prompt tokens then 64, 16 output
+    each: phi = 112 / (112 + 16) = 0.875) and 8 single-turn rlvr samples (32 prompt tokens,
+    320 output: phi = 32 / 352 = 0.09), each session ended."""
+    for i in range(4):
+        r0 = req(f"learn-a{i}", tokens=160)
+        w = start(p, r0, view, 0.0)
+        p.observe(RequestFinished(r0, w, 1.0, prompt_tokens=160, completion_tokens=16))
+        r1 = req(f"learn-a{i}", turn=1, tokens=160 + 16 + 64, session_end=True)
+        start(p, r1, view, 2.0)
+        p.observe(RequestFinished(r1, w, 3.0, prompt_tokens=240, completion_tokens=16))
+    for i in range(8):
+        r = req(f"learn-r{i}", cls="rlvr", tokens=32, session_end=True)
+        w = start(p, r, view, 0.0)
+        p.observe(RequestFinished(r, w, 4.0, prompt_tokens=32, completion_tokens=320))
+
+
+def test_prefill_share_is_what_requests_add_to_their_session_over_that_plus_output() -> None:
+    p = policy(interference_blocks=64.0)
+    view = cluster("w0", "w1")
+    assert p.prefill_share("agent") is None  # before 8 requests: no term
+    _learn_prefill_shares(p, view)
+    assert p.prefill_share("agent") == pytest.approx(112 / 128)
+    assert p.prefill_share("rlvr") == pytest.approx(32 / 352)
+    assert p.state()["prefill_share"] == {"agent": pytest.approx(112 / 128), "rlvr": pytest.approx(32 / 352)}
+
+
+@pytest.mark.parametrize("interference_blocks, agent_to, rlvr_to", [(0.0, "w1", "w0"), (64.0, "w0", "w1")])
+def test_interference_places_a_session_beside_its_own_kind_unless_off(interference_blocks: float, agent_to: str,
+                                                                       rlvr_to: str) -> None:
+    p = policy(interference_blocks=interference_blocks)
+    view = cluster("w0", "w1")
+    _learn_prefill_shares(p, view)
+    assert start(p, req("a1", tokens=320), ClusterView((view.instances[0],)), 5.0) == "w0"  # 20 + 1 growth blocks
+    assert start(p, req("r1", cls="rlvr", tokens=32), ClusterView((view.instances[1],)), 5.0) == "w1"  # 2 + 10
+    # a new agent session (10 own blocks either way): w0 costs 10 + 64 x 21/90 = 24.9, w1
+    # 10 + 64 x 12/90 = 18.5, so the fill alone sends it to w1; the term adds 64 x |0.875 - 0.09|
+    # = 50 on w1 (an rlvr instance) and nothing on w0 (an agent one)
+    assert start(p, req("a2", tokens=160), view, 5.0) == agent_to
+    # and an rlvr sample goes to the rlvr instance even when it is the fuller one: with 3 more
+    # rlvr on w1, the term on: w0 (32 blocks, agents) costs 2 + 22.8 + 50.2 = 75, w1 (48) 2 + 34.1;
+    # off: w0 (21) 2 + 14.9, w1 (59 with a2) 2 + 42
+    for i in range(3):
+        start(p, req(f"r-fill{i}", cls="rlvr", tokens=32), ClusterView((view.instances[1],)), 5.0)
+    assert start(p, req("r2", cls="rlvr", tokens=32), view, 5.0) == rlvr_to
+
+
+def test_interference_never_places_past_the_budget() -> None:
+    p = policy(interference_blocks=1e6)
+    view = cluster("w0", "w1")
+    _learn_prefill_shares(p, view)
+    start(p, req("r1", cls="rlvr", tokens=32), ClusterView((view.instances[1],)), 5.0)
+    start(p, req("big", tokens=1200), ClusterView((view.instances[1],)), 5.0)  # w1: 12 + 75 + 1 = 88 of 90
+    assert start(p, req("r2", cls="rlvr", tokens=32), view, 5.0) == "w0"  # 12 more do not fit on w1
+    with pytest.raises(ValueError, match="interference_blocks must be >= 0"):
+        make_policy("kv_horizon", {"interference_blocks": -1})
