@@ -90,7 +90,8 @@ from common.process import ProcessStartError
 from rollout.serve import stop_on_sigterm
 from router.launch import VLLM_ROUTER_LOG_LEVELS, start_router
 from router.policies import POLICY_NAMES, make_policy, registered_policy_names
-from router.replay import ReplayError, WordText, replay, request_times, scrape_engines, step_wait_s
+from router.replay import (ReplayError, WordText, class_request_figures, replay, request_times, scrape_engines,
+                           step_wait_s)
 from router.sim.calibrate import measure_step_samples, step_samples_from_timeline
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
@@ -485,6 +486,64 @@ def _decisions_section(per_seed: list[tuple[int, list[dict]]], order: list[str])
             "| Router | real | simulator |", "|---|---|---|", *rows, ""]
 
 
+def run_folder_name(label: str) -> str:
+    """The folder of one router's run inside its seed's folder (``vllm-router c=16`` ->
+    ``vllm-router_c16``): its router log, errors and recorded trace."""
+    return label.replace(" ", "_").replace("=", "")
+
+
+def class_requests(requests, summary: dict, after_warmup: dict | None) -> dict:
+    """:func:`router.replay.class_request_figures` in each window a run's real figures have
+    (``real``: ``summary["window_s"]``; ``real_after_warmup`` where there is one)."""
+    out = {"real": class_request_figures(requests, tuple(summary["window_s"]))}
+    if after_warmup:
+        out["real_after_warmup"] = class_request_figures(requests, tuple(after_warmup["window_s"]))
+    return out
+
+
+def add_class_requests(runs: list[dict], seed_dir: Path) -> None:
+    """Give the runs of one seed folder saved before ``class_requests`` was recorded that
+    figure from their recorded trace (``<seed_dir>/<run folder>/recorded_trace.jsonl``), where
+    it is there and readable; the others are left as they are (the summary says n/a)."""
+    for r in runs:
+        if r.get("class_requests") is not None or not r.get("real"):
+            continue
+        path = seed_dir / run_folder_name(r["label"]) / "recorded_trace.jsonl"
+        try:
+            requests = [q for session in read_trace(path) for q in session.requests]
+            r["class_requests"] = class_requests(requests, r["real"], r.get("real_after_warmup"))
+        except (OSError, SimError, KeyError, TypeError, ValueError):
+            continue
+
+
+def _class_requests_section(per_seed: list[tuple[int, list[dict]]], order: list[str], real_key: str,
+                            title: str) -> list[str]:
+    """Markdown: each class's request time at the client in one window (p50 s and s per
+    output token, means over seeds), per run; ``[]`` where no run has the figure."""
+    classes = list(MIXTURE)
+    rows = []
+    for label in order:
+        got = [(r.get("class_requests") or {}).get(real_key) for _, res in per_seed for r in res if r["label"] == label]
+        got = [g for g in got if g is not None]
+        if not got:
+            continue
+        cells = []
+        for b in classes:
+            p50 = _mean_cell([(g.get(b) or {}).get("p50_s") for g in got], ".1f")
+            per_tok = _mean_cell([(g.get(b) or {}).get("s_per_output_token") for g in got], ".3f")
+            cells.append(f"{p50} | {per_tok}")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    head = " | ".join(f"{b} p50 s | {b} s/token" for b in classes)
+    return [f"### Request time per class ({title}; means over seeds)", "",
+            "Each request from its arrival at the router to its last token (a hold included), the requests that "
+            "arrived and finished in the window: p50 seconds, and the median of seconds per output token "
+            "(decode-heavy requests on an engine whose steps also prefill other prompts take long per token; "
+            "compare the engines' steps below). Runs recorded before the figure and without a recorded trace: n/a.",
+            "", f"| Router | {head} |", "|---|" + "---|" * (2 * len(classes)), *rows, ""]
+
+
 def _mean_cell(values: list, fmt: str = ".2f") -> str:
     """The mean of the values that are neither None nor NaN, as ``fmt``; "n/a" when none is."""
     got = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
@@ -562,6 +621,8 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
         per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sims, lines)
     lines += _decisions_section(per_seed, order)
     lines += _request_times_section(per_seed, order)
+    for real_key, _sims, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
+        lines += _class_requests_section(per_seed, order, real_key, title)
     lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",
              "|---|---|---|---|---|---|"]
@@ -1116,7 +1177,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
             for run in runs:
                 asyncio.run(_engines_idle(urls, 300))
                 asyncio.run(_reset_prefix_caches(urls))
-                run_dir = sdir / run.label.replace(" ", "_").replace("=", "")
+                run_dir = sdir / run_folder_name(run.label)
                 run_dir.mkdir(exist_ok=True)
                 router_cfg = run.router_cfg()
                 if run.impl == "vllm":
@@ -1155,6 +1216,7 @@ def run_benchmark(args: argparse.Namespace, runs: list[RouterRun], seeds: list[i
                                 "router_decisions": res.router_decisions, "missing_tokens_s": res.missing_tokens_s,
                                 "errors": res.errors, "cpu_cores": cpu_cores, "cpu_cores_by_engine": cpu_by_engine,
                                 "request_times": request_times(res.requests, res.timeline),
+                                "class_requests": class_requests(res.requests, res.summary, res.after_warmup),
                                 "regime": regime(res.timeline, len(urls), tuple(res.summary["window_s"])),
                                 "timeline": res.timeline})
                 (sdir / "results.json").write_text(json.dumps({"calibration": calibration, "runs": results},
@@ -1496,6 +1558,7 @@ def resimulate(run_dir: Path, request_overhead: bool = True) -> tuple[list[dict]
     except (ValueError, KeyError, TypeError, SimError) as e:
         what = f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
         raise usage_error(f"--resimulate {run_dir}: not a finished run's results ({what}); {_WANT_RUN}") from None
+    add_class_requests(results, run_dir)
     # the options each run had (runs saved before they were recorded: the replay's own)
     runs = [RouterRun(r["label"], r["impl"], r["policy"], int(r["ceiling"]), sweep=bool(r["sweep"]),
                       params=dict(r.get("params", REPLAY_PARAMS.get(r["policy"], {}) if r["impl"] == "ours" else {})))
@@ -1541,6 +1604,7 @@ def _combine_source(folder: Path) -> dict:
         problems = [f"missing {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]]
     if problems:
         raise usage_error(f"--combine {folder}: not a finished run's results ({'; '.join(problems)}); {_WANT_RUN}")
+    add_class_requests(saved["runs"], folder)
     return saved
 
 

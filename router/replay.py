@@ -33,7 +33,7 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import aiohttp
 import numpy as np
@@ -322,6 +322,35 @@ def request_times(requests: list[RequestRecord], timeline: list[dict]) -> dict |
         out.update({k: per_request(k) for k in parts})
         out["api_s"] = engine_s - sum(out[k] for k in parts)
     return out
+
+
+def class_request_figures(requests: Iterable, window: tuple[float, float]) -> dict[str, dict]:
+    """Per workload class, the requests that arrived and finished inside ``window`` (s from
+    the replay's start): how long each took at the client and how long per output token.
+
+    Args:
+        requests: finished requests with ``workload_class``, ``arrival_s``, ``finish_s`` and
+            ``output_tokens`` (``RequestRecord``, or a recorded trace's ``TraceRecord``;
+            one without times is left out).
+        window: (t0, t1) seconds.
+
+    Returns:
+        ``{class: {"requests", "p50_s", "p90_s", "s_per_output_token"}}``: request count,
+        arrival-to-finish quantiles (s; a held request's hold included) and the median over
+        requests of that time over the request's output tokens (s/token: a decode-heavy request
+        on an engine whose steps also prefill others' prompts takes long per token); classes
+        without a request in the window are left out.
+    """
+    t0, t1 = window
+    by_class: dict[str, list[tuple[float, float]]] = {}
+    for r in requests:
+        if r.arrival_s is not None and r.finish_s is not None and t0 <= r.arrival_s and r.finish_s <= t1:
+            took = r.finish_s - r.arrival_s
+            by_class.setdefault(r.workload_class, []).append((took, took / max(1, r.output_tokens)))
+    return {b: {"requests": len(v), "p50_s": float(np.percentile([t for t, _ in v], 50)),
+                "p90_s": float(np.percentile([t for t, _ in v], 90)),
+                "s_per_output_token": float(np.percentile([x for _, x in v], 50))}
+            for b, v in sorted(by_class.items())}
 
 
 def step_wait_s(timeline: list[dict]) -> float | None:

@@ -657,3 +657,42 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
         saved = json.loads(path.read_text())
         path.write_text(json.dumps({**saved, "args": {**saved["args"], "minutes": "0.50"}}))
     combine_runs([early, tmp_path / "other-units"], tmp_path / "same-minutes")
+
+
+def test_request_time_per_class_from_hand_made_requests_and_from_a_recorded_trace(tmp_path):
+    """Each class's p50 request time and seconds per output token, in a run's windows; runs
+    saved before the figure get it from their recorded trace when combined."""
+    from bench.router_real import combine_runs
+    from router.replay import class_request_figures
+    from router.sim.trace import TraceRecord, TraceSession, write_trace
+
+    def rec(cls: str, arrival: float, took: float, out: int) -> TraceRecord:
+        return TraceRecord(f"{cls}-{arrival}", cls, 0, 32, out, arrival_s=arrival, finish_s=arrival + took)
+
+    reqs = [rec("rlvr", 1.0, 20.0, 100), rec("rlvr", 2.0, 10.0, 100), rec("rlvr", 3.0, 30.0, 100),
+            rec("agent", 5.0, 4.0, 8), rec("agent", 0.5, 2.0, 8),  # before the window: left out
+            rec("rlhf", 20.0, 30.0, 10),  # finishes after it: left out
+            TraceRecord("untimed", "rlhf", 0, 32, 10)]
+    got = class_request_figures(reqs, (1.0, 40.0))
+    assert got == {"agent": {"requests": 1, "p50_s": 4.0, "p90_s": 4.0, "s_per_output_token": 0.5},
+                   "rlvr": {"requests": 3, "p50_s": 20.0, "p90_s": pytest.approx(28.0), "s_per_output_token": 0.2}}
+    early, late = tmp_path / "early", tmp_path / "late"
+    _finished_seeds(early, [("vllm-router c=4", "vllm", "cache_aware", 4, 10.0), ("misa_t c=8", "ours", "misa_t", 8, 12.0)])
+    _finished_seeds(late, [("kv_horizon c=2", "ours", "kv_horizon", 2, 21.0)])
+    for seed in (0, 1):  # the recorded trace of one router (window 0-30 s of _finished_run)
+        (early / f"seed-{seed}" / "misa_t_c8").mkdir()
+        write_trace([TraceSession(r.session_id, r.workload_class, r.session_id, None, [r]) for r in reqs],
+                    early / f"seed-{seed}" / "misa_t_c8" / "recorded_trace.jsonl")
+    combine_runs([early, late], tmp_path / "both")
+    saved = json.loads((tmp_path / "both" / "seed-0" / "results.json").read_text())
+    by_label = {r["label"]: r.get("class_requests") for r in saved["runs"]}
+    assert by_label["vllm-router c=4"] is None and by_label["kv_horizon c=2"] is None
+    # in that run's window (0-30 s) the rlvr request finishing at 33 s is out, the agent one of 0.5 s in
+    assert by_label["misa_t c=8"]["real"]["rlvr"] == {"requests": 2, "p50_s": 15.0, "p90_s": pytest.approx(19.0),
+                                                      "s_per_output_token": pytest.approx(0.15)}
+    from bench.router_real import summarize_seeds
+
+    per_seed = [(s, json.loads((tmp_path / "both" / f"seed-{s}" / "results.json").read_text())["runs"]) for s in (0, 1)]
+    summary = summarize_seeds(per_seed, tmp_path / "both", 0.5)
+    assert "### Request time per class (whole run" in summary
+    assert "| misa_t c=8 | 3.0 | 0.375 | 15.0 | 0.150 | n/a | n/a |" in summary
