@@ -71,11 +71,13 @@ def iter_gsm8k_file(path: str | Path) -> Iterator[tuple[int, tuple[str, str] | D
     """``(line number, (question, final_answer) or the line's DataError)`` per non-empty line.
 
     Raises:
-        DataError: the file does not exist.
+        DataError: the path does not exist, is a folder or is not a regular file.
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise DataError(f"GSM8K file {p} does not exist; give the path of a JSONL file with "
+        what = ("is a folder, not a file" if p.is_dir() else "is not a regular file" if p.exists()
+                else "does not exist")
+        raise DataError(f"GSM8K file {p} {what}; give the path of a JSONL file with "
                         f"question/answer fields (the recipes' default is {DEFAULT_LOCATION})")
     with p.open() as f:
         for i, line in enumerate(f, 1):

@@ -2,6 +2,7 @@
 loader, generator difficulty levels, the code domain's test callable, reward models."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -201,3 +202,14 @@ def test_training_arithmetic_never_draws_a_held_out_problem():
     held = [ArithmeticSource(split="heldout").draw(rng).messages[-1]["content"] for _ in range(40)]
     assert not any(is_heldout_arithmetic(q) for q in train)
     assert all(is_heldout_arithmetic(q) for q in held)
+
+
+def test_a_gsm8k_path_that_is_a_folder_or_a_special_file_is_named_as_such(tmp_path):
+    """A folder given where the JSONL file goes is not 'missing' (the user sees it there), and a
+    named pipe is refused before anything opens it (opening one would block)."""
+    with pytest.raises(DataError, match="is a folder, not a file"):
+        load_gsm8k(tmp_path)
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="is not a regular file"):
+        load_gsm8k(fifo)
