@@ -478,6 +478,16 @@ def is_text(v: Any) -> bool:
     return isinstance(v, str) and v.strip() != ""
 
 
+def value_text(value: Any) -> str:
+    """``value`` as a user writes it on the command line (YAML): ``true``/``false``, ``null``,
+    text in quotes, numbers and lists as Python prints them; for messages that echo a value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return repr(value)
+
+
 def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
     """Check the values of a composed config at dotted keys against ``rules``.
 
@@ -497,7 +507,7 @@ def check_values(cfg: Any, rules: dict[str, Rule]) -> None:
         if isinstance(value, (DictConfig, ListConfig)):
             value = OmegaConf.to_container(value, resolve=True)
         if not ok(value):
-            raise ConfigError(f"{key}={value!r} is invalid: give {want}.")
+            raise ConfigError(f"{key}={value_text(value)} is invalid: give {want}.")
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from common.config import value_text
+
 DEFAULT_RHO = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
 """Target agent/rlvr/rlhf mixture of the paper's end-to-end run (MISA-T section 5), in %.
 It sums to 99.9; ``normalize_mixture`` rescales it."""
@@ -47,7 +49,7 @@ def normalize_mixture(weights: Mapping[str, float]) -> dict[str, float]:
     for k, v in weights.items():
         number = weight_number(v)
         if number is None:
-            raise MixtureError(f"the weight of class {str(k)!r} is {v!r}: give a number >= 0 "
+            raise MixtureError(f"the weight of class {str(k)!r} is {value_text(v)}: give a number >= 0 "
                                "(0 switches the class off)")
         w[str(k)] = number
     bad = {k: v for k, v in w.items() if not (v >= 0.0 and v < float("inf"))}

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from common.config import value_text
 from rl.data.base import Prompt, PromptSource
 from rl.mixture import MixtureError, normalize_mixture, weight_number
 
@@ -246,7 +247,7 @@ def active_domains(domains: Mapping[str, Any] | None) -> dict[str, dict[str, tup
             raw = opts.get("weight", 1.0)
             weight = weight_number(raw)
             if weight is None or not 0.0 <= weight < float("inf"):
-                raise MixtureError(f"trainer.domains.{b}.{name}.weight={raw!r}: give a number >= 0 "
+                raise MixtureError(f"trainer.domains.{b}.{name}.weight={value_text(raw)}: give a number >= 0 "
                                    "(relative to the class's other domains; 0 switches the domain off)")
             if weight > 0.0:
                 out.setdefault(str(b), {})[str(name)] = (opts, weight)

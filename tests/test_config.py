@@ -145,8 +145,9 @@ def test_a_domain_of_weight_0_is_off_so_its_missing_data_file_is_not_required():
     with pytest.raises(ConfigError, match=r"trainer.rho: .*\['rlvr'\] have a positive target share but no "
                                           r"prompt sources"):
         validate_trainer_cfg(all_off.trainer)
-    for bad in (-1, True, float("nan"), "x"):
-        with pytest.raises(ValueError, match=r"trainer.domains.rlvr.code.weight=.*give a number >= 0"):
+    for bad, written in ((-1, "-1"), (True, "true"), (float("nan"), "nan"), ("x", "'x'")):
+        # echoed as the command line writes it (true, not Python's True)
+        with pytest.raises(ValueError, match=rf"trainer.domains.rlvr.code.weight={written}: give a number >= 0"):
             active_domains({"rlvr": {"code": {"weight": bad}}})
 
 
