@@ -281,16 +281,20 @@ class Trainer:
             ``iteration`` = the step being collected for, ``groups_ready`` of
             ``groups_per_step``, ``units_back`` = units finished in this iteration so far,
             by class in ``units_back_by_class``, ``elapsed_s`` since the iteration began,
-            called whenever a unit comes back, with ``updating`` True while the iteration's
-            update runs (the groups then ready are for the next step); minutes pass between
-            two updates, and this is what a user watching the job sees meanwhile.
+            called whenever a unit comes back, and every ``progress_tick_s`` seconds while
+            none does (an update of minutes with nothing in flight), with ``updating`` True
+            while the iteration's update runs (the groups then ready are for the next step);
+            minutes pass between two updates, and this is what a user watching the job sees
+            meanwhile.
+        progress_tick_s: see ``on_rollout`` (seconds; the caller rate-limits its lines).
     """
 
     def __init__(self, config: TrainerConfig, *, sampler: MixtureSampler, mixture_ledger: MixtureLedger,
                  learner: Learner, workers: dict[str, Worker], engine_urls: list[str],
                  router_url: str | None, weight_sync: WeightSync | None, run_dir: Path,
                  log: Callable[[dict], None] = lambda m: None, evaluate: Evaluate | None = None,
-                 model_source: str | Path | None = None, on_rollout: Callable[[dict], None] | None = None):
+                 model_source: str | Path | None = None, on_rollout: Callable[[dict], None] | None = None,
+                 progress_tick_s: float = 10.0):
         check_group_fits(config.limits.max_in_flight,
                          {b: spec.group_size for b, spec in sampler.classes.items()}, sampler.rho)
         self.config = config
@@ -306,6 +310,7 @@ class Trainer:
         self.evaluate = evaluate
         self.model_source = model_source
         self.on_rollout = on_rollout
+        self.progress_tick_s = progress_tick_s
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
@@ -339,9 +344,14 @@ class Trainer:
                                        f"{self.outstanding_groups} group(s) outstanding: a bug in "
                                        "the release rules; please report it with this run's config")
                 t0 = time.monotonic()
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=self.progress_tick_s if self.on_rollout else None)
                 if update is None:
                     it.wait_s += time.monotonic() - t0
+                if not done:  # nothing came back for a tick: say the job is alive (and where)
+                    if self.on_rollout is not None:
+                        self.on_rollout(self._rollout_progress(ready, it, updating=update is not None))
+                    continue
                 for task in done:
                     if task is update:
                         update = None
