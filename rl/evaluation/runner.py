@@ -125,8 +125,9 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
                 for i in range(settings.n)
                 if not results.has(b.name, p.problem_id, i)]
         bar = tqdm(total=len(todo), desc="eval samples", unit="sample", disable=not progress)
+        tasks = [asyncio.ensure_future(_one(b, p, i, ctx, sem)) for b, p, i in todo]
         try:
-            for next_done in asyncio.as_completed([_one(b, p, i, ctx, sem) for b, p, i in todo]):
+            for next_done in asyncio.as_completed(tasks):
                 result = await next_done
                 results.append(result)
                 bar.update(1)
@@ -134,6 +135,14 @@ async def evaluate_async(benchmarks: Sequence[Benchmark], router_url: str, model
             for b in benchmarks:
                 await grade_ungraded(b, results, model, out, settings.run_id)
         finally:
+            # stopped early (SIGTERM, Ctrl-C, an error): the samples still in flight are
+            # cancelled and waited for before their client closes, so none fails afterwards
+            # with an exception nobody retrieves (asyncio prints those as a traceback)
+            left = [t for t in tasks if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                await asyncio.gather(*left, return_exceptions=True)
             bar.close()
             await client.aclose()
             for b in benchmarks:

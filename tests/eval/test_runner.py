@@ -153,3 +153,39 @@ def test_arithmetic_heldout_split_is_fixed_distinct_and_from_its_bucket():
 def test_arithmetic_asking_more_than_the_heldout_split_holds_is_refused():
     with pytest.raises(EvalError, match="held-out problems"):
         arithmetic_heldout_benchmark(500, levels=(1,), max_draws=20_000)
+
+
+def test_a_stopped_evaluation_cancels_and_waits_for_its_samples_in_flight(tmp_path):
+    """SIGTERM or Ctrl-C cancels the run in its step-0 evaluation: the samples still in
+    flight are cancelled and awaited before their client closes, so none ends later with an
+    exception nobody retrieves (asyncio printed those as a traceback on the way out)."""
+    import asyncio
+
+    from rl.evaluation.runner import evaluate_async
+
+    started, cancelled = [], []
+
+    class Slow(MathBenchmark):
+        async def sample(self, problem, i, ctx):
+            started.append(i)
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.append(i)
+                raise
+
+    async def go():
+        unretrieved = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
+        run = asyncio.ensure_future(evaluate_async([Slow("toy", _bench().prompts)], "http://127.0.0.1:9", "fake",
+                                                   SETTINGS, tmp_path, progress=False))
+        while len(started) < SETTINGS.concurrency:
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+        return unretrieved
+
+    assert asyncio.run(go()) == []
+    assert sorted(cancelled) == sorted(started) and len(started) == SETTINGS.concurrency
