@@ -282,8 +282,7 @@ class KvHorizonConfig:
             if not getattr(self, name) > 0:
                 bad.append(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "interference_blocks",
-                     "class_floor_sessions",
-                     "waiting_limit"):
+                     "class_floor_sessions", "waiting_limit"):
             if getattr(self, name) < 0:
                 bad.append(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("history", "fallback_num_blocks", "block_size_fallback_tokens"):
