@@ -311,6 +311,7 @@ class Trainer:
         self.model_source = model_source
         self.on_rollout = on_rollout
         self.progress_tick_s = progress_tick_s
+        self._updating_iteration = 0  # the iteration whose update runs (its step counts when the step ends)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_at_s = time.monotonic()
@@ -369,6 +370,7 @@ class Trainer:
                         len(ready) >= self.config.groups_per_step or self._give_up(ready)):
                     batch, ready = self._pick_batch(ready)
                     self.filtered_for_step = 0
+                    self._updating_iteration = self.iterations_done + 1
                     update = asyncio.ensure_future(self._update(batch, it))
         finally:
             # Stopping (an error, Ctrl-C, SIGTERM): the rollouts and a running update are
@@ -385,9 +387,13 @@ class Trainer:
 
     def _rollout_progress(self, ready: list[list[UnitResult]], it: IterationStats, updating: bool) -> dict:
         """What ``on_rollout`` receives (see the class docstring); ``updating``: the
-        iteration's update runs, and the groups ready are for the step after it."""
+        iteration's update runs (``iteration`` is that one, also once its learner step counted
+        and its weights are syncing), and the groups ready are for the step after it, if any
+        (``last``: it is the run's last iteration)."""
         by_class = Counter(r.unit.workload_class for r in it.units)
-        return {"iteration": self.iterations_done + 1, "updating": updating, "groups_ready": len(ready),
+        iteration = self._updating_iteration if updating else self.iterations_done + 1
+        return {"iteration": iteration, "updating": updating,
+                "last": iteration >= self.config.iterations, "groups_ready": len(ready),
                 "groups_per_step": self.config.groups_per_step, "units_back": len(it.units),
                 "units_back_by_class": dict(sorted(by_class.items())),
                 "elapsed_s": time.monotonic() - it.started_s}

@@ -654,13 +654,26 @@ def test_rollout_progress_is_reported_as_units_come_back(tmp_path):
 def test_rollout_progress_keeps_coming_while_a_long_update_runs_with_nothing_in_flight(tmp_path):
     """The last iteration's update (or any with every unit back) may run for minutes with no
     unit in flight: progress still comes every tick, saying the update runs."""
+    import time
+
+    from rl.report import rollout_progress_line
+
+    class SlowSync(FakeSync):  # the weights sync after the learner step counted
+        def sync(self, write_weights, version):
+            time.sleep(0.5)
+            return super().sync(write_weights, version)
+
     seen = []
     w = make_worker()
     t = Trainer(trainer_config(tcfg(iterations=1)), sampler=sampler(), mixture_ledger=MixtureLedger(RHO),
-                learner=SlowLearner(1.0), workers={"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[],
-                router_url=None, weight_sync=None, run_dir=tmp_path, on_rollout=seen.append, progress_tick_s=0.05)
+                learner=SlowLearner(0.5), workers={"agent": w, "rlvr": w, "rlhf": w}, engine_urls=[],
+                router_url=None, weight_sync=SlowSync(), run_dir=tmp_path, on_rollout=seen.append,
+                progress_tick_s=0.05)
     asyncio.run(t.run())
     ticks = [p for p in seen if p["updating"]]
     assert len(ticks) >= 5  # 1 s of update at a 0.05 s tick, on a loaded machine too
-    assert all(p["iteration"] == 1 for p in ticks)
+    # the iteration being updated, also while its weights sync after its step counted; the
+    # last one names no next step
+    assert all(p["iteration"] == 1 and p["last"] for p in ticks)
+    assert rollout_progress_line(ticks[-1]).startswith("iteration 1 updating (the last), ")
     assert [p["elapsed_s"] for p in ticks] == sorted(p["elapsed_s"] for p in ticks)
