@@ -237,7 +237,8 @@ def main(cfg: DictConfig) -> None:
     if unknown:  # before the count: routers=[vlm] is a misspelling first
         near = {r: nearest_options(r, options) for r in unknown}
         guess = ", ".join(f"{r} -> {' or '.join(c)}" for r, c in near.items() if c)
-        raise ConfigError(f"routers: {unknown} are not router options" + (f" (did you mean {guess}?)" if guess else "")
+        named = ", ".join(unknown) + (" is not a router option" if len(unknown) == 1 else " are not router options")
+        raise ConfigError(f"routers: {named}" + (f" (did you mean {guess}?)" if guess else "")
                           + f"; valid: {', '.join(options)}")
     if len(routers) < 2:
         raise ConfigError(f"routers={routers}: give two or more router options, e.g. [vllm,misa-t] "

@@ -102,7 +102,7 @@ def test_repo_relative_paths_resolve_from_the_repository_root():
 
 @pytest.mark.parametrize("override,expect", [
     ("trainer.learner.backend=jax", "trainer.learner"),
-    ("trainer.rho.agent=-5", "trainer.rho"),
+    ("trainer.rho.agent=-5", "trainer.rho: the weight of class 'agent' is -5: give a finite number >= 0"),
     ("trainer.loss.eps_low=abc", "trainer.loss: option 'eps_low' must be a number, got 'abc'"),
     ("trainer.iterations=0", "trainer.iterations=0"),
     ("trainer.agent_timeout_s=0", "trainer.agent_timeout_s=0: give a number of seconds > 0"),

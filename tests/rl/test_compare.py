@@ -37,7 +37,7 @@ def test_unknown_router_in_the_list_is_refused_with_the_options():
 
 
 def test_a_misspelt_router_in_the_list_is_named_with_the_nearest_before_the_count(tmp_path):
-    _refused(tmp_path, "routers=[misa_t,vllm]", "routers: ['misa_t'] are not router options (did you mean misa_t -> misa-t?)")
+    _refused(tmp_path, "routers=[misa_t,vllm]", "routers: misa_t is not a router option (did you mean misa_t -> misa-t?)")
     _refused(tmp_path, "routers=[vlm]", "(did you mean vlm -> vllm?)")  # not "give two or more" first
 
 

@@ -69,7 +69,7 @@ def test_rl_train_refuses_group_size_zero_with_exit_2_and_no_run_folder(tmp_path
     assert "run folder" not in r.stdout and not run_dir.exists()
 
 
-@pytest.mark.parametrize("seed, shown", [("abc", "'abc'"), ("-1", "-1"), ("1.5", "1.5"), ("true", "True")])
+@pytest.mark.parametrize("seed, shown", [("abc", "'abc'"), ("-1", "-1"), ("1.5", "1.5"), ("true", "true")])
 def test_a_seed_that_is_not_a_whole_number_from_0_is_refused_before_start(seed, shown):
     from rl.train import validate_job_cfg
 
