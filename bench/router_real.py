@@ -172,6 +172,9 @@ class RouterRun:
         return make_policy(self.policy, self.router_cfg()["params"])
 
 
+WARMUP_MINUTES_DEFAULT = 1.0
+"""--warmup-minutes when not given."""
+
 REPLAY_PARAMS = {"kv_horizon": {"request_bound": False}}
 """Options our policies run with here: the replay sends each request's exact output length as
 ``max_tokens`` (router/replay.py), so kv_horizon's ``request_bound`` would know every sample's
@@ -991,7 +994,9 @@ def _check_args(args: argparse.Namespace) -> None:
             raise usage_error(f"{name} must be a positive number, got {value}")
     if not (math.isfinite(args.warmup_minutes) and 0 <= args.warmup_minutes < args.minutes):
         raise usage_error(f"--warmup-minutes must be >= 0 and below --minutes {args.minutes:g}, "
-                          f"got {args.warmup_minutes}")
+                          f"got {args.warmup_minutes:g}"
+                          + (" (its default); give --warmup-minutes 0 or a longer --minutes"
+                             if args.warmup_minutes == WARMUP_MINUTES_DEFAULT else ""))
     if not 0 <= args.tool_gap_share < 1:
         raise usage_error(f"--tool-gap-share must be in [0, 1), got {args.tool_gap_share}")
     if args.kv_tokens < args.max_model_len:
@@ -1008,7 +1013,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = CommandParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--minutes", type=float, default=3.0, help="wall time per router run")
-    parser.add_argument("--warmup-minutes", type=float, default=1.0,
+    parser.add_argument("--warmup-minutes", type=float, default=WARMUP_MINUTES_DEFAULT,
                         help="also measure each run after this much wall time (the warm window; 0: whole run only)")
     parser.add_argument("--sweep", default="16,32,64,96", help="vllm-router ceilings (units in flight) to sweep")
     parser.add_argument("--ceiling", type=int, default=96, help="the common permissive ceiling")
@@ -1109,7 +1114,7 @@ def main() -> None:
         for r in runs:
             r.sim_policy()  # unknown policy names and bad params fail here, before engines start
     except (ValueError, KeyError, TypeError) as e:
-        raise usage_error(f"--policies: {e}") from None
+        raise usage_error(f"{'--policy-param / --policies' if args.policy_param else '--policies'}: {e}") from None
     out = args.out or REPO_ROOT / "runs" / "bench" / f"router-real-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     stop_on_sigterm()
@@ -1640,6 +1645,14 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
     where = [d.resolve() for d in run_dirs]
     if len(set(where)) != len(where):
         raise usage_error("--combine: a run folder is given twice")
+    sources: list[tuple[Path, dict[int, Path]]] = []
+    for d in run_dirs:  # each a run before --out is judged against them
+        if not d.is_dir():
+            raise usage_error(f"--combine {d}: no such folder; {_WANT_RUN}")
+        by_seed = {int(s.name.removeprefix("seed-")): s for s in seed_folders(d)}
+        if not by_seed:
+            raise usage_error(f"--combine {d}: no seed-<n>/ folder; {_WANT_RUN}")
+        sources.append((d, by_seed))
     if any(out.resolve() == w or out.resolve().is_relative_to(w) for w in where):
         raise usage_error(f"--out {out}: one of the runs to combine or a folder inside one; give a new folder")
     if out.exists() and not out.is_dir():
@@ -1657,14 +1670,6 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
         if not combined:
             raise usage_error(f"--out {out}: holds a run ({d.name}/results.json) that --combine did not write; "
                               "give a new folder")
-    sources: list[tuple[Path, dict[int, Path]]] = []
-    for d in run_dirs:
-        if not d.is_dir():
-            raise usage_error(f"--combine {d}: no such folder; {_WANT_RUN}")
-        by_seed = {int(s.name.removeprefix("seed-")): s for s in seed_folders(d)}
-        if not by_seed:
-            raise usage_error(f"--combine {d}: no seed-<n>/ folder; {_WANT_RUN}")
-        sources.append((d, by_seed))
     seeds = sorted(sources[0][1])
     for d, by_seed in sources[1:]:
         if sorted(by_seed) != seeds:

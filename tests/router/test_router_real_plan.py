@@ -72,6 +72,10 @@ def test_engine_args_reach_both_engines_after_the_recipes_own():
     (["--minutes", "0"], "--minutes must be a positive number"),
     (["--minutes", "nan"], "--minutes must be a positive number"),
     (["--warmup-minutes", "3"], "--warmup-minutes must be >= 0 and below --minutes 3"),
+    (["--minutes", "1"], "--warmup-minutes must be >= 0 and below --minutes 1, got 1 (its default); give "
+                         "--warmup-minutes 0 or a longer --minutes"),
+    (["--policy-param", "kv_horizon.interference_blocks=-1", "--policies", "kv_horizon"],
+     "--policy-param / --policies: router policy 'kv_horizon': interference_blocks must be >= 0"),
     (["--warmup-minutes", "-1"], "--warmup-minutes must be >= 0"),
     (["--kv-tokens", "1024"], "--kv-tokens 1024 is below --max-model-len 2048"),
     (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
@@ -617,6 +621,7 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     combine_runs([early, late], out)  # an earlier combination is written over, its other seeds removed
     assert sorted(p.name for p in out.glob("seed-*")) == ["seed-0", "seed-1"]
     refused([early, tmp_path / "nope"], "no such folder")
+    refused([early, tmp_path], "no seed-<n>/ folder", dest=tmp_path / "x")  # not blamed on --out inside it
     (tmp_path / "bare").mkdir()
     refused([early, tmp_path / "bare"], "no seed-<n>/ folder")
     shutil.copytree(early, tmp_path / "twice")
