@@ -59,9 +59,9 @@ def eval_scores_text(m: Mapping) -> str:
 
 def rollout_progress_line(p: Mapping) -> str:
     """The rollout progress of an iteration (``Trainer``'s ``on_rollout`` dict) as one line:
-    groups ready of the step's (while the iteration's update runs: for the next step, none
-    named after the last iteration), units
-    back since the iteration began by class (name order), seconds since it began."""
+    groups ready of the step's (while the iteration's update runs: for the next step; none
+    after the last iteration), units back since the iteration began by class (name order),
+    seconds since it began."""
     by_class = ", ".join(f"{b} {n}" for b, n in sorted((p.get("units_back_by_class") or {}).items()))
     units = f"{p['units_back']} units back" + (f" ({by_class})" if by_class else "") + f", {p['elapsed_s']:.0f} s"
     if p.get("updating") and p.get("last"):

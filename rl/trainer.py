@@ -283,9 +283,9 @@ class Trainer:
             by class in ``units_back_by_class``, ``elapsed_s`` since the iteration began,
             called whenever a unit comes back, and every ``progress_tick_s`` seconds while
             none does (an update of minutes with nothing in flight), with ``updating`` True
-            while the iteration's update runs (the groups then ready are for the next step);
-            minutes pass between two updates, and this is what a user watching the job sees
-            meanwhile.
+            while the iteration's update runs (``iteration`` is then the one updating, and the
+            groups ready are for the next step; ``last``: the run has no next step); minutes
+            pass between two updates, and this is what a user watching the job sees meanwhile.
         progress_tick_s: see ``on_rollout`` (seconds; the caller rate-limits its lines).
     """
 
