@@ -619,12 +619,13 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                   "which started and calibrated its own engines: "
                   + "; ".join(f"`{src}`: {', '.join(labels)}" for src, labels in sources.items()) + ".", ""]
     per_window: dict[str, dict] = {}
-    for real_key, sims, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
+    spans = windows([r for _, res in per_seed for r in res], warmup_minutes)
+    for real_key, sims, title in spans:
         lines += [f"## Window: {title}", ""]
         per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sims, lines)
     lines += _decisions_section(per_seed, order)
     lines += _request_times_section(per_seed, order)
-    for real_key, _sims, title in windows([r for _, res in per_seed for r in res], warmup_minutes):
+    for real_key, _sims, title in spans:
         lines += _class_requests_section(per_seed, order, real_key, title)
     lines += ["### Regime (means over seeds, whole run)", "",
              "| Router | sessions/engine | running/engine | KV usage | every class cap > 1 | preemptions |",

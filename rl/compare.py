@@ -31,7 +31,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig
 from rich.table import Table
 
-from common.config import REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, nearest_options, is_seed
+from common.config import (REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, is_seed,
+                           nearest_options)
 from common.console import output_console
 from rl.report import run_summary
 
@@ -63,6 +64,7 @@ def refuse_run_keys(cli_overrides: list[str]) -> None:
         passed = o.replace('"', '\\"')
         raise ConfigError(f"{o}: rl.compare does not pass this to its runs; give it to every run as "
                           f"'train_overrides=[\"{passed}\"]' (rl.compare's own keys: {', '.join(OWN_KEYS)})")
+
 
 RELATIVE = (("iteration_s", "Iter. time"), ("requests_per_min", "RPM"),
             ("samples_per_min", "Sample rate"), ("prefill_tok_s", "Prefill TPS"),

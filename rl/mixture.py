@@ -51,11 +51,10 @@ def normalize_mixture(weights: Mapping[str, float]) -> dict[str, float]:
         if number is None:
             raise MixtureError(f"the weight of class {str(k)!r} is {value_text(v)}: give a number >= 0 "
                                "(0 switches the class off)")
-        w[str(k)] = number
-    for k, v in w.items():
-        if not (v >= 0.0 and v < float("inf")):
-            raise MixtureError(f"the weight of class {k!r} is {value_text(weights[k])}: give a finite number >= 0 "
+        if not 0.0 <= number < float("inf"):
+            raise MixtureError(f"the weight of class {str(k)!r} is {value_text(v)}: give a finite number >= 0 "
                                "(0 switches the class off)")
+        w[str(k)] = number
     total = sum(w.values())
     if total <= 0:
         raise MixtureError(f"mixture weights sum to 0 ({w}); give at least one positive weight")
