@@ -188,11 +188,14 @@ def missing_tokens_share(decisions: dict[str, int] | None) -> float:
 
 
 def plan_runs(sweep: list[int], ceiling: int, policies: list[str],
-              policy_params: dict[str, dict] | None = None) -> list[RouterRun]:
+              policy_params: dict[str, dict] | None = None, baseline_at_ceiling: bool = True) -> list[RouterRun]:
     """The sweep of the real vLLM Router, then every router at the permissive ceiling; our
-    policies with :data:`REPLAY_PARAMS` and ``policy_params[policy]`` (named in the label)."""
+    policies with :data:`REPLAY_PARAMS` and ``policy_params[policy]`` (named in the label).
+    ``baseline_at_ceiling=False`` leaves out the real vLLM Router at the ceiling when the sweep
+    does not hold it (``--no-baseline-at-ceiling``: a run whose ceiling another run already
+    swept, to be combined with it)."""
     runs = [RouterRun(f"vllm-router c={c}", "vllm", "cache_aware", c, sweep=True) for c in sweep]
-    if ceiling not in sweep:
+    if baseline_at_ceiling and ceiling not in sweep:
         runs.append(RouterRun(f"vllm-router c={ceiling}", "vllm", "cache_aware", ceiling))
     for p in policies:
         extra = (policy_params or {}).get(p, {})
@@ -1018,6 +1021,10 @@ def main() -> None:
                         help="also measure each run after this much wall time (the warm window; 0: whole run only)")
     parser.add_argument("--sweep", default="16,32,64,96", help="vllm-router ceilings (units in flight) to sweep")
     parser.add_argument("--ceiling", type=int, default=96, help="the common permissive ceiling")
+    parser.add_argument("--baseline-at-ceiling", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the real vllm-router at --ceiling when --sweep does not hold it; "
+                             "--no-baseline-at-ceiling for a run to --combine with one that already did (the "
+                             "same label twice cannot be combined)")
     parser.add_argument("--policies", default="misa_t,kv_horizon",
                         help="our policies to run at the permissive ceiling")
     parser.add_argument("--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
@@ -1111,7 +1118,7 @@ def main() -> None:
                           f"({', '.join(sim_only)} run in the simulator only)")
     policy_params = parse_policy_params(args.policy_param, policies)
     try:
-        runs = plan_runs(sweep, args.ceiling, policies, policy_params)
+        runs = plan_runs(sweep, args.ceiling, policies, policy_params, args.baseline_at_ceiling)
         for r in runs:
             r.sim_policy()  # unknown policy names and bad params fail here, before engines start
     except (ValueError, KeyError, TypeError) as e:

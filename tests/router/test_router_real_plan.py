@@ -32,6 +32,9 @@ def test_plan_sweeps_the_vllm_router_then_runs_every_router_at_the_permissive_ce
         == (launched["cache_threshold"], launched["balance_abs_threshold"], launched["balance_rel_threshold"])
     # The permissive ceiling already swept is not run twice.
     assert len(plan_runs([8, 32], 32, ["misa_t"])) == 3
+    # ... nor, when asked, one another run already swept (to be combined with it).
+    assert [r.label for r in plan_runs([12], 20, ["kv_horizon"], baseline_at_ceiling=False)] \
+        == ["vllm-router c=12", "kv_horizon c=20"]
     # --policy-param options go to the live router and the simulator alike, named in the label
     over = plan_runs([8], 32, ["kv_horizon"], {"kv_horizon": {"target_usage": 1.25, "min_target_usage": 1.25}})[-1]
     assert over.label == "kv_horizon(target_usage=1.25,min_target_usage=1.25) c=32"
