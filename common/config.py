@@ -115,27 +115,29 @@ def refuse_unknown_flags(argv: Sequence[str], config_name: str | None = None) ->
             name = name or "key"
             if not value and i + 1 < len(argv) and "=" not in argv[i + 1] and not argv[i + 1].startswith("-"):
                 value = argv[i + 1]
-            paths = _key_paths_named(config_name, name.replace("-", "_"), argv) if config_name else []
+            paths = _key_paths_named(config_name, name.replace("-", "_"), argv) if config_name else None
             if paths:
                 form = (f"{paths[0]}={value or 'VALUE'}" if len(paths) == 1 else
                         f"one of {', '.join(f'{p}=VALUE' for p in paths)}")
                 hint = f"here: {form}"
+            elif paths == []:  # the config composed and has no such key: no key=value to guess
+                hint = f"and no key of this command is named {name.replace('-', '_')}"
             else:
                 hint = f"e.g. {name}=VALUE; a key in a section needs its path, as section.{name}=VALUE"
             raise ConfigError(f"{a}: not an option of this command. Settings are key=value without dashes "
                               f"({hint}); --help lists the keys and config groups")
 
 
-def _key_paths_named(config_name: str, name: str, argv: Sequence[str]) -> list[str]:
+def _key_paths_named(config_name: str, name: str, argv: Sequence[str]) -> list[str] | None:
     """The dotted paths of the keys called ``name`` (or ending in a dotted ``name``) in the
     config composed from ``argv``'s overrides (its dashed words and their values left out),
-    shortest first; [] when that config cannot be composed (another mistake on the line,
-    reported once this one is fixed)."""
+    shortest first ([] when it has none); None when that config cannot be composed or read
+    (another mistake on the line, reported once this one is fixed)."""
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]  # a flag's value has no '='
     try:
         cfg = compose(config_name, overrides)
     except Exception:  # noqa: BLE001 -- a hint only: the refusal stands without it
-        return []
+        return None
     found: list[str] = []
 
     def walk(node: Any, prefix: str) -> None:
@@ -149,7 +151,7 @@ def _key_paths_named(config_name: str, name: str, argv: Sequence[str]) -> list[s
     try:
         walk(cfg, "")
     except Exception:  # noqa: BLE001 -- a config the walk cannot read: no hint
-        return []
+        return None
     return sorted(found, key=lambda p: (p.count("."), p))
 
 
