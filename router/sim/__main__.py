@@ -143,6 +143,26 @@ def _policy_params_by_name(policy_params: dict) -> dict:
     return out
 
 
+#: The keys that name a policy, each read by one experiment; every one is checked whatever the
+#: experiment (as their other values are), so a misspelt name fails before any run starts.
+POLICY_NAME_KEYS = ("run.policy", "shift.baseline", "shift.policies", "ceilings.baseline", "ceilings.policies",
+                    "sensitivity.policy")
+
+
+def _check_policy_names(cfg: DictConfig) -> None:
+    """Refuse a policy name no policy is registered under, in any of :data:`POLICY_NAME_KEYS`.
+
+    Raises:
+        SimUnknownNameError: naming the key, the name and the valid names.
+    """
+    valid = registered_policy_names()
+    for key in POLICY_NAME_KEYS:
+        value = OmegaConf.select(cfg, key)
+        for name in (list(value) if OmegaConf.is_list(value) else [] if value is None else [value]):
+            if canonical_policy_name(name) not in valid:
+                raise SimUnknownNameError(f"{key}: no policy named {name!r}; valid names: {', '.join(valid)}")
+
+
 #: Table 5's static-ceiling routers, each swept over ``sim.sweep_ceilings``: label ->
 #: (policy, options over ``policy_params[policy]``, what its table's title says of it).
 TABLE5_BASELINES: dict[str, tuple[str, dict, str]] = {
@@ -167,6 +187,7 @@ class Experiment:
         self.out = out_dir
         raw = OmegaConf.to_container(cfg, resolve=True)
         raw["policy_params"] = _policy_params_by_name(raw["policy_params"])
+        _check_policy_names(cfg)
         self.raw = raw
         # unknown keys and ill-typed values of recipes/sim/<name>.yaml
         self.cluster = build_options(ClusterSpec, raw["sim"], f"sim ({cfg.sim.get('name', '?')})",

@@ -40,6 +40,19 @@ def test_policy_params_of_no_such_policy_are_refused_not_ignored(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("overrides, key, name", [
+    (("run.policy=nope",), "run.policy", "nope"),  # the default experiment (table5) does not read it
+    (("experiment=run", "run.policy=nope"), "run.policy", "nope"),
+    (("shift.policies=[kv_horizon,bogus]",), "shift.policies", "bogus"),
+    (("experiment=ceilings", "ceilings.baseline=vllm-routr"), "ceilings.baseline", "vllm-routr"),
+])
+def test_a_policy_name_no_policy_has_is_refused_in_any_experiment(overrides, key, name, tmp_path):
+    p = run_cli(*overrides, tmp_path=tmp_path)
+    assert p.returncode == 2
+    assert f"{key}: no policy named {name!r}" in p.stderr and "kv_horizon" in p.stderr
+    assert "Traceback" not in p.stderr and not list(tmp_path.iterdir())  # refused before any run starts
+
+
 def test_policy_params_under_a_hyphenated_name_reach_the_policy(tmp_path):
     """``misa-t`` (the router group's spelling) is the policy misa_t: a bad value is refused."""
     p = run_cli("experiment=run", "run.policy=misa_t", "+policy_params.misa-t.k_footprint=bogus", tmp_path=tmp_path)
