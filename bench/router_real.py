@@ -1648,19 +1648,19 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
             ``seed-<n>/`` folders, runs of different seeds, traces or
             :data:`COMBINE_SAME_ARGS`, or one router label in two runs.
     """
-    if len(run_dirs) < 2:
-        raise usage_error(f"--combine: give two run folders or more, got {len(run_dirs)}")
-    where = [d.resolve() for d in run_dirs]
-    if len(set(where)) != len(where):
-        raise usage_error("--combine: a run folder is given twice")
     sources: list[tuple[Path, dict[int, Path]]] = []
-    for d in run_dirs:  # each a run before --out is judged against them
+    for d in run_dirs:  # each a run (said first: a folder that is not one) before the count and --out
         if not d.is_dir():
             raise usage_error(f"--combine {d}: no such folder; {_WANT_RUN}")
         by_seed = {int(s.name.removeprefix("seed-")): s for s in seed_folders(d)}
         if not by_seed:
             raise usage_error(f"--combine {d}: no seed-<n>/ folder; {_WANT_RUN}")
         sources.append((d, by_seed))
+    if len(run_dirs) < 2:
+        raise usage_error(f"--combine: give two run folders or more, got {len(run_dirs)}")
+    where = [d.resolve() for d in run_dirs]
+    if len(set(where)) != len(where):
+        raise usage_error("--combine: a run folder is given twice")
     if any(out.resolve() == w or out.resolve().is_relative_to(w) for w in where):
         raise usage_error(f"--out {out}: one of the runs to combine or a folder inside one; give a new folder")
     if out.exists() and not out.is_dir():

@@ -401,6 +401,11 @@ class CommandParser(argparse.ArgumentParser):
     missing argument)."""
 
     def error(self, message: str):  # type: ignore[override]
+        switch = re.fullmatch(r"argument (\S+): ignored explicit argument (.*)", message)
+        if switch:  # --flag=value for a flag that takes none: say what to give instead
+            flags = switch.group(1).split("/")
+            message = (f"{switch.group(1)} is a switch and takes no value (got {switch.group(2)}): "
+                       f"give {' or '.join(flags)} alone")
         raise usage_error(f"{message} ({self.prog} --help lists the options)")
 
 

@@ -100,6 +100,14 @@ def test_a_value_argparse_cannot_read_is_one_line_too(tmp_path):
                         "(python -m bench.router_decision --help lists the options)\n")
 
 
+def test_a_value_given_to_a_switch_says_it_takes_none(tmp_path):
+    r = _run_in(tmp_path, "bench.router_real", "--baseline-at-ceiling=yes")
+    assert r.returncode == EXIT_USAGE
+    assert r.stderr == ("error: --baseline-at-ceiling/--no-baseline-at-ceiling is a switch and takes no value "
+                        "(got 'yes'): give --baseline-at-ceiling or --no-baseline-at-ceiling alone "
+                        "(python -m bench.router_real --help lists the options)\n")
+
+
 def test_benchmark_refuses_a_bad_value_with_exit_2_and_one_line(tmp_path):
     r = _run_in(tmp_path, "bench.router_real", "--minutes", "-1")
     assert r.returncode == EXIT_USAGE

@@ -609,6 +609,7 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
         assert e.value.code == 2 and expected in err and err.count("\n") == 1, err
 
     refused([early], "give two run folders or more, got 1")
+    refused([tmp_path / "nope"], "no such folder")  # what is wrong with the one folder, before the count
     refused([early, tmp_path / "early"], "a run folder is given twice")
     refused([early, late], "one of the runs to combine", dest=late)
     refused([early, late], "a folder inside one", dest=early / "seed-0" / "combined")
