@@ -160,7 +160,8 @@ def _check_policy_names(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         for name in (list(value) if OmegaConf.is_list(value) else [] if value is None else [value]):
             if canonical_policy_name(name) not in valid:
-                raise SimUnknownNameError(f"{key}: no policy named {name!r}; valid names: {', '.join(valid)}")
+                raise SimUnknownNameError(f"{key}: unknown router policy {name!r}; "
+                                          f"choose one of: {', '.join(valid)}")
 
 
 #: Table 5's static-ceiling routers, each swept over ``sim.sweep_ceilings``: label ->

@@ -49,7 +49,7 @@ def test_policy_params_of_no_such_policy_are_refused_not_ignored(tmp_path):
 def test_a_policy_name_no_policy_has_is_refused_in_any_experiment(overrides, key, name, tmp_path):
     p = run_cli(*overrides, tmp_path=tmp_path)
     assert p.returncode == 2
-    assert f"{key}: no policy named {name!r}" in p.stderr and "kv_horizon" in p.stderr
+    assert f"{key}: unknown router policy {name!r}" in p.stderr and "kv_horizon" in p.stderr
     assert "Traceback" not in p.stderr and not list(tmp_path.iterdir())  # refused before any run starts
 
 
