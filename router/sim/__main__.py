@@ -153,15 +153,16 @@ def _check_policy_names(cfg: DictConfig) -> None:
     """Refuse a policy name no policy is registered under, in any of :data:`POLICY_NAME_KEYS`.
 
     Raises:
-        SimUnknownNameError: naming the key, the name and the valid names.
+        SimUnknownNameError: the registry's message (the name and the valid ones), after its key.
     """
-    valid = registered_policy_names()
     for key in POLICY_NAME_KEYS:
         value = OmegaConf.select(cfg, key)
         for name in (list(value) if OmegaConf.is_list(value) else [] if value is None else [value]):
-            if canonical_policy_name(name) not in valid:
-                raise SimUnknownNameError(f"{key}: unknown router policy {name!r}; "
-                                          f"choose one of: {', '.join(valid)}")
+            try:
+                with as_sim_errors():
+                    policy_config_class(str(name))  # canonicalised there; the message keeps the spelling
+            except SimError as e:
+                raise type(e)(f"{key}: {e}") from None
 
 
 #: Table 5's static-ceiling routers, each swept over ``sim.sweep_ceilings``: label ->
@@ -503,12 +504,7 @@ class Experiment:
         c, cc = self.cluster, self.raw["ceilings"]
         base_pol = canonical_policy_name(cc["baseline"])
         policies = [canonical_policy_name(p) for p in cc["policies"]]
-        for key, pol in [("ceilings.baseline", base_pol), *(("ceilings.policies", p) for p in policies)]:
-            try:  # the name refused before the sweep runs, with the registry's message and its key
-                with as_sim_errors():
-                    policy_config_class(pol)
-            except SimError as e:
-                raise type(e)(f"{key}: {e}") from None
+        for pol in [base_pol, *policies]:  # names: checked at start (_check_policy_names)
             check_policy_params(pol, self.spec(pol, pol, 1, self.seeds[0]).params)  # its policy_params
         sweep = [f"{base_pol}@{self.ceiling(x)}" for x in c.sweep_ceilings]
         results = self.run([self.spec(lb, base_pol, self.ceiling(x), s)
