@@ -398,7 +398,12 @@ class CommandParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose refusals are one line, as every entry point's:
     ``error: <argparse's message> (python -m X --help lists the options)``, exit 2, no usage
     block (a command line it cannot parse: an unknown flag, a value of the wrong type, a
-    missing argument)."""
+    missing argument). An option is matched by its whole name only: argparse's default
+    takes any unambiguous prefix (``--policy misa_t`` would set ``--policy-param``, not
+    ``--policies``), so a mistyped option would run with another's value."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         switch = re.fullmatch(r"argument (\S+): ignored explicit argument (.*)", message)

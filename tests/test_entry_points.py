@@ -108,6 +108,14 @@ def test_a_value_given_to_a_switch_says_it_takes_none(tmp_path):
                         "(python -m bench.router_real --help lists the options)\n")
 
 
+def test_an_option_is_matched_by_its_whole_name_not_a_prefix(tmp_path):
+    """``--policy`` is a prefix of ``--policy-param`` only: refused, not read as that option."""
+    r = _run_in(tmp_path, "bench.router_real", "--policy", "misa_t")
+    assert r.returncode == EXIT_USAGE
+    assert r.stderr == ("error: unrecognized arguments: --policy misa_t "
+                        "(python -m bench.router_real --help lists the options)\n")
+
+
 def test_benchmark_refuses_a_bad_value_with_exit_2_and_one_line(tmp_path):
     r = _run_in(tmp_path, "bench.router_real", "--minutes", "-1")
     assert r.returncode == EXIT_USAGE
