@@ -96,8 +96,10 @@ from router.sim.calibrate import measure_step_samples, step_samples_from_timelin
 from router.sim.cost_model import StepSample, fit_linear_step_cost
 from router.sim.engine import EngineConfig
 from router.sim.errors import SimError
-from router.sim.experiments import aggregate, best_sweep_label, ceilings_markdown, headline, table5_markdown
+from router.sim.experiments import (P50_RATIO_LIMIT, aggregate, best_sweep_label, ceilings_headline, ceilings_markdown,
+                                    ceilings_points, headline, table5_markdown)
 from router.sim.metrics import step_figures
+from router.sim.plots import plot_ceilings
 from router.sim.simulator import SignalConfig, SimConfig, Simulation
 from router.sim.trace import read_trace, write_trace
 from router.sim.workload import ClassSpec, LengthDist, WorkloadConfig, generate_trace
@@ -429,11 +431,36 @@ def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sw
               "", ceilings_markdown(agg, base, [(lb, agg[lb]["ceiling"] / agg[base]["ceiling"]) for lb in order],
                                     f"Mixture: each class's p50 completion time (release to completion) over {base}'s, "
                                     "TV distance, prefix hit (means over seeds; ceiling: x the baseline's)"), ""]
+    factors = [(lb, agg[lb]["ceiling"] / agg[base]["ceiling"]) for lb in order]
+    ceiling_heads = [ceilings_headline(agg, lb, f, base) for lb, f in factors if lb != base]
+    lines += ["", *ceiling_heads, ""]
     mimic = {sim_key: _mimic_table(per_seed, sweep, real_key, sim_key, what, lines) for sim_key, what in sims}
     heads = [headline(agg, r["label"], base, "vllm-router (sweep-tuned, real)") for r in first if r["impl"] == "ours"]
     lines += ["", *heads, ""]
     return {"baseline": base, "aggregate": agg, "mimic_error": mimic.get(sims[0][0], {}) if sims else {},
-            "mimic_error_by_profile": mimic, "headlines": heads}
+            "mimic_error_by_profile": mimic, "headlines": heads, "ceiling_headlines": ceiling_heads,
+            "ceiling_points": ceilings_points({lb: {**row, "policy": router_family(lb)} for lb, row in agg.items()},
+                                              base, factors)}
+
+
+def router_family(label: str) -> str:
+    """A run label without its ceiling (``kv_horizon(interference_blocks=64) c=20`` ->
+    ``kv_horizon(interference_blocks=64)``): one line of the ceilings plot per family."""
+    name, sep, ceiling = label.rpartition(" c=")
+    return name if sep and ceiling.isdigit() else label
+
+
+CEILINGS_PLOTS = {"real": "ceilings.png", "real_after_warmup": "ceilings_after_warmup.png"}
+"""The ceilings plot of each window (:func:`_ceilings_plot`), by its real key."""
+
+
+def _ceilings_plot(points: dict, base: str, out: Path, real_key: str, title: str) -> list[str]:
+    """Plot each router family's samples/min change and largest class p50 completion ratio
+    against ``base`` over the trainer ceiling (:func:`router.sim.plots.plot_ceilings`; the
+    goal's 2x dashed) into ``out``; the markdown line naming it."""
+    name = CEILINGS_PLOTS[real_key]
+    plot_ceilings(points, P50_RATIO_LIMIT, str(out / name), f"routers on real engines against {base}, {title}")
+    return [f"Plot: `{name}` (samples/min and the largest class p50 ratio over the ceiling, one line per router).", ""]
 
 
 def _mimic_table(per_seed: list[tuple[int, list[dict]]], sweep: list[str], real_key: str, sim_key: str, what: str,
@@ -623,9 +650,12 @@ def summarize_seeds(per_seed: list[tuple[int, list[dict]]], out: Path, minutes: 
                   + "; ".join(f"`{src}`: {', '.join(labels)}" for src, labels in sources.items()) + ".", ""]
     per_window: dict[str, dict] = {}
     spans = windows([r for _, res in per_seed for r in res], warmup_minutes)
+    for name in CEILINGS_PLOTS.values():
+        (out / name).unlink(missing_ok=True)  # never a plot of an earlier summary
     for real_key, sims, title in spans:
         lines += [f"## Window: {title}", ""]
-        per_window[real_key] = _window_section(per_seed, order, sweep, real_key, sims, lines)
+        per_window[real_key] = fig = _window_section(per_seed, order, sweep, real_key, sims, lines)
+        lines += _ceilings_plot(fig.pop("ceiling_points"), fig["baseline"], out, real_key, title)
     lines += _decisions_section(per_seed, order)
     lines += _request_times_section(per_seed, order)
     for real_key, _sims, title in spans:

@@ -488,6 +488,31 @@ def test_resimulate_adds_the_vllm_routers_time_outside_the_engines(tmp_path):
     assert table.count("| misa_t c=8 | 3.00 | n/a | n/a |") == 1
 
 
+def test_summary_sets_each_router_against_the_goal_over_the_ceiling(tmp_path):
+    """Per window, each run's samples/min against the sweep-tuned baseline and its largest
+    class p50 completion ratio, marked against the goal's 2x, in lines and in a plot with one
+    line per router (a label without its ceiling); a window the runs lack has no plot."""
+    from bench.router_real import resimulate, router_family, summarize_seeds
+
+    runs, calibration, args, real = _finished_run(tmp_path)
+    runs[0]["real"] = {**real, "completion_s": {"rlvr": {"p50": 10.0, "p95": 20.0}, "rlhf": {"p50": 4.0, "p95": 6.0}}}
+    runs[1]["real"] = {**real, "samples_per_min": 13.0,
+                       "completion_s": {"rlvr": {"p50": 25.0, "p95": 40.0}, "rlhf": {"p50": 6.0, "p95": 9.0}}}
+    (tmp_path / "results.json").write_text(json.dumps({"calibration": calibration, "args": args, "runs": runs}))
+    (tmp_path / "ceilings_after_warmup.png").write_bytes(b"an earlier summary's")
+    results, _, _ = resimulate(tmp_path)
+    text = summarize_seeds([(0, results)], tmp_path, 0.5)
+    assert ("misa_t c=8 (2x) vs vllm-router c=4 (sweep-tuned): +30.0% ± 0.0 samples/min, largest p50 completion "
+            "ratio 2.50x (rlvr; over 2x)") in text
+    assert "Plot: `ceilings.png`" in text and (tmp_path / "ceilings.png").stat().st_size > 10_000
+    assert not (tmp_path / "ceilings_after_warmup.png").exists()  # no warm window in these runs
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["windows"]["real"]["ceiling_headlines"] == [line for line in text.splitlines()
+                                                            if line.startswith("misa_t c=8 (2x) vs ")]
+    assert [router_family(lb) for lb in ("vllm-router c=16", "kv_horizon(interference_blocks=64) c=20", "odd c=x")] \
+        == ["vllm-router", "kv_horizon(interference_blocks=64)", "odd c=x"]
+
+
 def test_each_engine_real_beside_simulated_the_engine_with_more_prefill_first(tmp_path):
     """Per engine: the real one's steps, requests and request split from its counters; the
     simulator's per engine sum to its totals; the table pairs the engines by the prompt tokens
