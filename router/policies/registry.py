@@ -7,7 +7,7 @@ is checked in one place: an unknown name, an unknown key or a value of the wrong
 raises :class:`RouterConfigError` whose message lists what is valid.
 
 Hyphenated spellings (``misa-t``, ``cache-aware``) are accepted everywhere a name is.
-Extra policies (the simulator's ``aimd`` and ``tool_pause``) register themselves with
+Extra policies (the simulator's ``aimd``, ``tool_pause`` and ``progress_ttl``) register themselves with
 :func:`register_policy` without editing this package.
 """
 

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-import router.sim  # noqa: F401  (registers aimd, tool_pause, misa_t_oracle)
+import router.sim  # noqa: F401  (registers aimd, tool_pause, progress_ttl, misa_t_oracle)
 from common.config import (RECIPES_DIR, Rule, check_values, hydra_entry, is_seed, is_text, number, or_null,
                            register_user_error)
 from common.options import build_options
@@ -331,7 +331,8 @@ class Experiment:
         plan = [(lb, *TABLE5_BASELINES[b][:2], self.ceiling(x))
                 for b, labels in sweeps.items() for lb, x in zip(labels, c.sweep_ceilings)]
         plan += [("vllm_router (128K-safe)", "vllm_router", {}, safe)]
-        plan += [(p, p, {}, high) for p in ("session_admission", "misa", "misa_t", "kv_horizon", "aimd", "tool_pause")]
+        plan += [(p, p, {}, high) for p in ("session_admission", "misa", "misa_t", "kv_horizon", "aimd", "tool_pause",
+                                            "progress_ttl")]
         plan += [("vllm_router (high load)", "vllm_router", {}, high)]
         specs = [self.spec(lb, p, ceil, s, params) for lb, p, params, ceil in plan for s in self.seeds]
         results = self.run(specs, f"table5 {c.name}")
@@ -339,7 +340,7 @@ class Experiment:
         best = {b: best_sweep_label(agg, labels) for b, labels in sweeps.items()}
         base, exact = best["vllm_router"], best["cache_aware"]
         order = (["vllm_router (128K-safe)", *best.values(), "session_admission", "misa", "misa_t", "kv_horizon",
-                  "aimd", "tool_pause", "vllm_router (high load)"])
+                  "aimd", "tool_pause", "progress_ttl", "vllm_router (high load)"])
         vs = [table5_markdown(agg, best[b], order, f"Table 5 ({self.title}); baseline: sweep-tuned {best[b]}{note}")
               for b, (_, _, note) in TABLE5_BASELINES.items()]
         table = "\n\n".join([

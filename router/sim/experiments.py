@@ -6,8 +6,8 @@ standard deviation):
 
 - ``table5``: (1) cache_aware over the static ceiling sweep, the best of it ("sweep") and
   the 128K-safe ceiling; (2) session_admission, misa, misa_t at the permissive ceiling;
-  (3) cache_aware at that ceiling (the collapse diagnostic); (4) aimd and tool_pause at
-  that ceiling. Table 5 is reported relative to the sweep-tuned cache_aware.
+  (3) cache_aware at that ceiling (the collapse diagnostic); (4) aimd, tool_pause and
+  progress_ttl at that ceiling. Table 5 is reported relative to the sweep-tuned cache_aware.
 - ``shift``: (5a, issue 15) after a stationary phase rlvr outputs grow and agent tool gaps
   stretch; the static ceiling tuned before vs re-tuned after the shift, misa_t, misa_t_oracle,
   kv_horizon, and the adaptive ones with delayed snapshots and lost KV events, per phase.

@@ -17,7 +17,7 @@ admitted, the next one is asked at once, and so on until one is held again (it b
 the head). The others are re-asked only every ``held_refresh_s`` (so a policy never
 takes them for abandoned). This rests on a property every policy here has: a policy
 holds a new session while an older new session of its class is held (session_admission,
-misa, misa_t admit held sessions of a class in arrival order; aimd and tool_pause hold
+misa, misa_t, progress_ttl admit held sessions of a class in arrival order; aimd and tool_pause hold
 new sessions on conditions that do not depend on the session; cache_aware and
 round_robin hold only when no instance is healthy). A younger new session is therefore
 admitted at the moment the one before it is, not up to one recheck delay later.
@@ -29,7 +29,8 @@ capacity, overload pressure), a cache reset. The other events do not wake it: KV
 events change where an admitted request goes, not whether it is admitted, and a request
 of an admitted session starting or finishing only lets the policy see that session
 grow, which never opens room (session_admission, misa, misa_t: a larger footprint
-lowers caps; aimd, tool_pause: they count sessions and read metrics). A policy that
+lowers caps; aimd, tool_pause: they count sessions and read metrics; progress_ttl: a
+program's ownership only grows while it is active). A policy that
 admits on request-level signals would see its held sessions re-asked at the next metric
 sample (one scrape period) at the latest; so would a session the policy expires for
 idleness. Time passing alone does not wake a head, except that every held request is
