@@ -1703,11 +1703,11 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
             raise usage_error(f"--out {out}: {d.name} is a file, not a seed's folder; give a new folder")
         try:
             combined = bool(json.loads((d / "results.json").read_text())["args"]["combined_from"])
-        except (OSError, ValueError, KeyError, TypeError):
-            combined = not (d / "results.json").exists()
+        except (OSError, ValueError, KeyError, TypeError):  # no results: only an empty folder is ours to remove
+            combined = not (d / "results.json").exists() and not any(d.iterdir())
         if not combined:
-            raise usage_error(f"--out {out}: holds a run ({d.name}/results.json) that --combine did not write; "
-                              "give a new folder")
+            what = f"a run ({d.name}/results.json)" if (d / "results.json").exists() else f"{d.name}/"
+            raise usage_error(f"--out {out}: holds {what} that --combine did not write; give a new folder")
     seeds = sorted(sources[0][1])
     for d, by_seed in sources[1:]:
         if sorted(by_seed) != seeds:

@@ -229,7 +229,8 @@ def parse_args(argv=None, device: str | None = None, prog: str = "python -m benc
     """The options; ``device`` None offers ``--device`` (default cpu), a device name fixes it
     (no option: ``bench/sharded_learner_gpu.py`` runs on cuda only). ``prog`` and
     ``description`` name the command in ``--help``."""
-    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
+    # plain argparse (the GPU machine has torch only), options matched by whole name as CommandParser's
+    ap = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     if device is None:
         ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

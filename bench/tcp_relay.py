@@ -65,7 +65,7 @@ async def relay(port: int, host: str, target_port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.tcp_relay", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.tcp_relay", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
     parser.add_argument("--target", required=True, help="host:port to forward to")

@@ -118,6 +118,8 @@ class ProgressTtlConfig:
                      "metrics_stale_s", "recheck_s", "idle_timeout_s", "held_forget_s"):
             if not getattr(self, name) > 0:
                 bad.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.held_forget_s < self.recheck_s:  # else a held program is forgotten between two rechecks
+            bad.append(f"held_forget_s must be >= recheck_s ({self.recheck_s}), got {self.held_forget_s}")
         if self.waiting_limit < 0:
             bad.append(f"waiting_limit must be >= 0, got {self.waiting_limit}")
         for name in ("rate_windows", "fallback_num_blocks", "block_size_fallback_tokens", "history"):

@@ -62,11 +62,17 @@ def registered_policy_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
+SIMULATOR_POLICIES = ("aimd", "tool_pause", "progress_ttl", "misa_t_oracle")
+"""The anchors ``router.sim`` registers when imported: a live router does not have them."""
+
+
 def _lookup(name: str) -> tuple[PolicyFactory, type]:
     key = canonical_policy_name(name)
     if key not in _REGISTRY:
+        where = (f" ({key} is one of the simulator's anchors, {', '.join(SIMULATOR_POLICIES)}: "
+                 "python -m router.sim runs it)" if key in SIMULATOR_POLICIES else "")
         raise UnknownOptionError(
-            f"unknown router policy {name!r}; choose one of: {', '.join(registered_policy_names())}"
+            f"unknown router policy {name!r}{where}; choose one of: {', '.join(registered_policy_names())}"
         )
     return _REGISTRY[key]
 
@@ -145,6 +151,6 @@ def router_params_help(cfg: Any) -> str:
 
 
 # Entry points that build a router (python -m router, rl.train, rollout.serve, ...) print
-# these as one line: a bad value exits 1, an unknown name 2 (like an unknown config key).
+# these as one line and exit 2, like an unknown config key.
 register_user_error(RouterConfigError)
 register_user_error(UnknownOptionError)

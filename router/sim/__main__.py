@@ -482,7 +482,7 @@ class Experiment:
     def sensitivity(self) -> None:
         """Experiment 6: the open controller parameters, one at a time."""
         high = self.ceiling(self.cluster.permissive_ceiling)
-        pol = self.cfg.sensitivity.policy
+        pol = canonical_policy_name(self.cfg.sensitivity.policy)  # misa-t is misa_t, with its policy_params
         plan = [(f"{pol} (defaults)", {})]
         for name, values in self.raw["sensitivity"]["params"].items():
             plan += [(f"{pol} {name}={v}", {name: v}) for v in values]
@@ -542,7 +542,7 @@ class Experiment:
 
     def single(self) -> None:
         """One policy at one ceiling over the seeds."""
-        pol = self.cfg.run.policy
+        pol = canonical_policy_name(self.cfg.run.policy)  # misa-t is misa_t, with its policy_params
         ceil = self.ceiling(self.cfg.run.ceiling or self.cluster.permissive_ceiling)
         results = self.run([self.spec(pol, pol, ceil, s) for s in self.seeds], f"run {pol}")
         agg = aggregate(results)

@@ -118,3 +118,18 @@ def test_every_policy_state_is_json_serialisable_after_decisions() -> None:
                 policy.observe(RequestStarted(r, decision.instance, float(i)))
         state = json.loads(json.dumps(policy.state()))
         assert state["policy"] == name and state["admits"] + state["holds"] == 12
+
+
+def test_a_simulator_anchor_asked_of_a_live_router_says_where_it_runs(monkeypatch):
+    """Without ``router.sim`` imported (a live router) its anchors are not registered: the
+    error says they run in the simulator."""
+    from router.policies import registry
+
+    monkeypatch.delitem(registry._REGISTRY, "progress_ttl", raising=False)
+    with pytest.raises(RouterConfigError) as e:
+        make_policy("progress-ttl")
+    assert "unknown router policy 'progress-ttl' (progress_ttl is one of the simulator's anchors" in str(e.value)
+    assert "python -m router.sim runs it" in str(e.value)
+    with pytest.raises(RouterConfigError) as e:
+        make_policy("nope")
+    assert "simulator" not in str(e.value)

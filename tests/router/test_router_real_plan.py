@@ -646,6 +646,10 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     assert not any((tmp_path / "seed-file" / "seed-0").iterdir())
     shutil.copytree(early / "seed-0", tmp_path / "a-run" / "seed-0")
     refused([early, late], "holds a run (seed-0/results.json) that --combine did not write", dest=tmp_path / "a-run")
+    (tmp_path / "notes" / "seed-7").mkdir(parents=True)
+    (tmp_path / "notes" / "seed-7" / "notes.txt").write_text("mine")  # not a run's, not --combine's: kept
+    refused([early, late], "holds seed-7/ that --combine did not write", dest=tmp_path / "notes")
+    assert (tmp_path / "notes" / "seed-7" / "notes.txt").read_text() == "mine"
     shutil.copytree(out / "seed-1", out / "seed-7")
     combine_runs([early, late], out)  # an earlier combination is written over, its other seeds removed
     assert sorted(p.name for p in out.glob("seed-*")) == ["seed-0", "seed-1"]

@@ -59,6 +59,14 @@ def test_policy_params_under_a_hyphenated_name_reach_the_policy(tmp_path):
     assert p.returncode == 2 and "k_footprint" in p.stderr and "bogus" in p.stderr
 
 
+@pytest.mark.parametrize("experiment", ["run", "sensitivity"])
+def test_a_hyphenated_policy_to_run_gets_its_policy_params(experiment, tmp_path):
+    """``run.policy=misa-t`` is misa_t with its options: a bad one is refused, not dropped."""
+    p = run_cli(f"experiment={experiment}", f"{experiment}.policy=misa-t", "+policy_params.misa_t.k_footprint=bogus",
+                tmp_path=tmp_path)
+    assert p.returncode == 2 and "k_footprint" in p.stderr and "bogus" in p.stderr
+
+
 def test_malformed_trace_is_reported_before_the_run(tmp_path):
     trace = tmp_path / "bad.jsonl"
     trace.write_text('{"session_id": "s", "workload_class": "agent", "turn": 0, "prompt_tokens": -1, '

@@ -153,3 +153,5 @@ def test_progress_ttl_takes_no_new_program_where_the_engine_counts_its_cache_ful
 def test_progress_ttl_refuses_bad_options_in_one_message():
     with pytest.raises(RouterConfigError, match="ttl_min_s <= ttl_max_s"):
         make_policy("progress_ttl", {"ttl_min_s": 5.0, "ttl_max_s": 1.0})
+    with pytest.raises(RouterConfigError, match="held_forget_s must be >= recheck_s"):
+        make_policy("progress_ttl", {"held_forget_s": 0.001})
