@@ -427,11 +427,11 @@ def _window_section(per_seed: list[tuple[int, list[dict]]], order: list[str], sw
     agg = aggregate(real)
     base = best_sweep_label(agg, sweep)
     first = per_seed[0][1]
+    factors = [(lb, agg[lb]["ceiling"] / agg[base]["ceiling"]) for lb in order]
     lines += [table5_markdown(agg, base, order, f"Real engines, change vs {base} (sweep-tuned), mean ± std over seeds"),
-              "", ceilings_markdown(agg, base, [(lb, agg[lb]["ceiling"] / agg[base]["ceiling"]) for lb in order],
+              "", ceilings_markdown(agg, base, factors,
                                     f"Mixture: each class's p50 completion time (release to completion) over {base}'s, "
                                     "TV distance, prefix hit (means over seeds; ceiling: x the baseline's)"), ""]
-    factors = [(lb, agg[lb]["ceiling"] / agg[base]["ceiling"]) for lb in order]
     ceiling_heads = [ceilings_headline(agg, lb, f, base) for lb, f in factors if lb != base]
     lines += ["", *ceiling_heads, ""]
     mimic = {sim_key: _mimic_table(per_seed, sweep, real_key, sim_key, what, lines) for sim_key, what in sims}

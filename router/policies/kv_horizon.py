@@ -103,6 +103,7 @@ from router.policies.base import (
     RequestFinished,
     RequestStarted,
     SessionEnded,
+    option_bound_errors,
 )
 from router.prefix_index import PrefixIndex
 
@@ -279,17 +280,13 @@ class KvHorizonConfig:
                 bad.append(f"{name} must be in ({low}, {high}{']' if closed else ')'}, got {v}")
         if not 0 <= self.backfill_share <= 1:
             bad.append(f"backfill_share must be in [0, 1], got {self.backfill_share}")
-        for name in ("horizon_s", "decode_tokens_per_s_prior", "footprint_prior_tokens", "metrics_stale_s", "recheck_s",
-                     "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"):
-            if not getattr(self, name) > 0:
-                bad.append(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "interference_blocks",
-                     "class_floor_sessions", "waiting_limit"):
-            if getattr(self, name) < 0:
-                bad.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("history", "fallback_num_blocks", "block_size_fallback_tokens"):
-            if getattr(self, name) < 1:
-                bad.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        bad += option_bound_errors(
+            self,
+            positive=("horizon_s", "decode_tokens_per_s_prior", "footprint_prior_tokens", "metrics_stale_s", "recheck_s",
+                      "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"),
+            non_negative=("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "interference_blocks",
+                          "class_floor_sessions", "waiting_limit"),
+            at_least_one=("history", "fallback_num_blocks", "block_size_fallback_tokens"))
         if bad:
             raise ValueError("; ".join(bad))
 

@@ -63,6 +63,7 @@ from router.policies.base import (
     RequestFinished,
     RequestStarted,
     SessionEnded,
+    option_bound_errors,
 )
 from router.prefix_index import PrefixIndex
 
@@ -114,17 +115,14 @@ class ProgressTtlConfig:
             bad.append(f"admit_usage must be in (0, 1], got {self.admit_usage}")
         if not 0 < self.ttl_min_s <= self.ttl_max_s:
             bad.append(f"need 0 < ttl_min_s <= ttl_max_s, got {self.ttl_min_s} and {self.ttl_max_s}")
-        for name in ("ttl_scale", "force_resume_s", "prefill_tokens_per_s_prior", "output_prior_tokens",
-                     "metrics_stale_s", "recheck_s", "idle_timeout_s", "held_forget_s"):
-            if not getattr(self, name) > 0:
-                bad.append(f"{name} must be > 0, got {getattr(self, name)}")
+        bad += option_bound_errors(
+            self,
+            positive=("ttl_scale", "force_resume_s", "prefill_tokens_per_s_prior", "output_prior_tokens",
+                      "metrics_stale_s", "recheck_s", "idle_timeout_s", "held_forget_s"),
+            non_negative=("waiting_limit",),
+            at_least_one=("rate_windows", "fallback_num_blocks", "block_size_fallback_tokens", "history"))
         if self.held_forget_s < self.recheck_s:  # else a held program is forgotten between two rechecks
             bad.append(f"held_forget_s must be >= recheck_s ({self.recheck_s}), got {self.held_forget_s}")
-        if self.waiting_limit < 0:
-            bad.append(f"waiting_limit must be >= 0, got {self.waiting_limit}")
-        for name in ("rate_windows", "fallback_num_blocks", "block_size_fallback_tokens", "history"):
-            if getattr(self, name) < 1:
-                bad.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if bad:
             raise ValueError("; ".join(bad))
 
