@@ -286,7 +286,9 @@ class KvHorizonConfig:
                       "no_healthy_recheck_s", "idle_timeout_s", "held_forget_s"),
             non_negative=("recovery_per_s", "turn_growth_prior_tokens", "balance_blocks", "interference_blocks",
                           "class_floor_sessions", "waiting_limit"),
-            at_least_one=("history", "fallback_num_blocks", "block_size_fallback_tokens"))
+            at_least_one=("history", "fallback_num_blocks", "block_size_fallback_tokens"),
+            # else a held session is forgotten between two rechecks
+            not_below=(("held_forget_s", "recheck_s"), ("held_forget_s", "no_healthy_recheck_s")))
         if bad:
             raise ValueError("; ".join(bad))
 

@@ -120,9 +120,8 @@ class ProgressTtlConfig:
             positive=("ttl_scale", "force_resume_s", "prefill_tokens_per_s_prior", "output_prior_tokens",
                       "metrics_stale_s", "recheck_s", "idle_timeout_s", "held_forget_s"),
             non_negative=("waiting_limit",),
-            at_least_one=("rate_windows", "fallback_num_blocks", "block_size_fallback_tokens", "history"))
-        if self.held_forget_s < self.recheck_s:  # else a held program is forgotten between two rechecks
-            bad.append(f"held_forget_s must be >= recheck_s ({self.recheck_s}), got {self.held_forget_s}")
+            at_least_one=("rate_windows", "fallback_num_blocks", "block_size_fallback_tokens", "history"),
+            not_below=(("held_forget_s", "recheck_s"),))  # else a held program is forgotten between two rechecks
         if bad:
             raise ValueError("; ".join(bad))
 

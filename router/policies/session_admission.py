@@ -89,6 +89,7 @@ from router.policies.base import (
     RequestFinished,
     RequestStarted,
     SessionEnded,
+    option_bound_errors,
 )
 from router.policies.overload import OverloadControl
 from router.policies.placement import longest_match_or_least_loaded, min_prefill_cost
@@ -210,6 +211,9 @@ class SessionAdmissionConfig:
         # each message starts with the option's name: the value given is echoed after it
         bad = [msg + (f", got {getattr(self, msg.split()[0])!r}" if hasattr(self, msg.split()[0]) else "")
                for msg, ok in checks.items() if not ok]
+        # else a held session is forgotten between two rechecks
+        bad += option_bound_errors(self, not_below=(("held_forget_s", "recheck_max_s"),
+                                                    ("held_forget_s", "no_healthy_recheck_s")))
         if bad:
             raise ValueError("; ".join(bad))
 

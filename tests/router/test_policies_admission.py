@@ -422,3 +422,10 @@ def test_an_unknown_option_message_does_not_offer_the_transports_long_hold_s(nam
         make_policy(name, {"no_such_option": 1})
     assert "long_hold_s" not in str(err.value)
     assert "idle_timeout_s" in str(err.value)
+
+
+def test_a_held_session_is_not_forgotten_before_its_recheck() -> None:
+    with pytest.raises(ValueError, match=r"held_forget_s must be >= recheck_max_s \(1.0\), got 0.5; "
+                                         r"held_forget_s must be >= no_healthy_recheck_s \(1.0\), got 0.5"):
+        SessionAdmissionConfig(held_forget_s=0.5)
+    assert SessionAdmissionConfig(held_forget_s=1.0).held_forget_s == 1.0

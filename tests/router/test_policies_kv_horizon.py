@@ -332,6 +332,8 @@ def test_a_backfill_never_takes_room_the_budget_does_not_have() -> None:
             policy(backfill_share=bad)
     with pytest.raises(ValueError, match=r"backoff must be in \(0, 1\), got 1.0; horizon_s must be > 0, got 0"):
         policy(backoff=1.0, horizon_s=0)  # every bad value named with what was given
+    with pytest.raises(ValueError, match=r"held_forget_s must be >= no_healthy_recheck_s \(1.0\), got 0.8"):
+        policy(held_forget_s=0.8)  # a held session would be forgotten before its recheck
 
 
 def test_shared_prefix_is_reserved_once_per_instance() -> None:
