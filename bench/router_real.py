@@ -1101,7 +1101,7 @@ def main() -> None:
     if args.combine is not None or args.resimulate is not None:
         mode = "--combine" if args.combine is not None else "--resimulate"
         kept = {"combine", "resimulate"} | ({"out"} if mode == "--combine" else {"request_overhead"})
-        ignored = [f"--{dest.replace('_', '-')}" for dest, value in vars(args).items()
+        ignored = [f"--{'no-' if value is False else ''}{dest.replace('_', '-')}" for dest, value in vars(args).items()
                    if dest not in kept and value != parser.get_default(dest)]
         if ignored:  # a finished run keeps the options it ran with
             raise usage_error(f"{mode} reads finished runs, which keep the options they ran with; "
@@ -1659,6 +1659,13 @@ def _same_option(a, b) -> bool:
         return str(a) == str(b)
 
 
+def _combined_order(r: dict) -> tuple:
+    """Sort key of a combined seed's runs: the vLLM Router's sweep by ceiling, then ours by
+    policy and options (the label without its ceiling), each over its ceilings."""
+    family = "" if r["impl"] == "vllm" else r["label"].rsplit(" c=", 1)[0]
+    return (r["impl"] != "vllm", family, int(r["ceiling"]))
+
+
 def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[dict]]], float, float]:
     """Set the routers of finished runs side by side, seed by seed, as one run that ran them
     all would (e.g. sweep points run later, added to an earlier run), and write that run's
@@ -1739,7 +1746,7 @@ def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[
                                       "combine runs of different routers or ceilings")
                 label_from[r["label"]] = d
                 runs.append({**r, "source": str(d)})
-        runs.sort(key=lambda r: (r["impl"] != "vllm", r["ceiling"] if r["impl"] == "vllm" else 0))  # stable
+        runs.sort(key=_combined_order)
         per_seed.append((seed, runs))
     for d in seed_folders(out):  # an earlier combination's seeds that this one has not
         if int(d.name.removeprefix("seed-")) not in seeds:

@@ -28,6 +28,8 @@ def plot_caps(timeline: list[dict], path: str, title: str) -> None:
     ax.set_title(title)
     if keys:
         ax.legend(fontsize=6, ncol=3)
+    else:  # a policy that admits by other means (progress_ttl: the KV its programs own) reports none
+        ax.text(0.5, 0.5, "this policy reports no caps", transform=ax.transAxes, ha="center", va="center")
     ax2.plot(t, [p["hit_rate"] for p in timeline], lw=1, color="k")
     ax2.set_ylabel("prefix hit rate")
     ax2.set_xlabel("simulated time (min)")
@@ -74,7 +76,7 @@ def plot_mixture(timelines: dict[str, list[dict]], target: dict[str, float], pat
     plt.close(fig)
 
 
-RATIO_TICKS = (0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100, 200)
+RATIO_TICKS = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100, 200)
 
 
 def ratio_ticks(ratios: list[float], limit: float) -> list[float]:
@@ -83,6 +85,24 @@ def ratio_ticks(ratios: list[float], limit: float) -> list[float]:
     powers of ten still gets labels."""
     values = [r for r in ratios if math.isfinite(r)] + [limit]
     return [t for t in RATIO_TICKS if min(values) / 1.5 <= t <= max(values) * 1.5]
+
+
+def factor_labels(factors: list[float], min_gap: float = 0.14) -> list[str]:
+    """Tick labels for sorted ceiling factors on a log2 axis: ``"1.12x"``, blank for a factor
+    closer than ``min_gap`` (in log2 units, about 10% apart) to the last labelled one, so close
+    sweep points (16 and 18 over 16) keep their ticks without overlapping labels; 1x is always
+    labelled (its left neighbour gives way)."""
+    labels: list[str] = []
+    last = None
+    for f in factors:
+        near = last is not None and math.log2(f) - math.log2(last) < min_gap
+        if near and f == 1 and labels:
+            labels[labels.index(f"{last:.3g}x")] = ""
+            near = False
+        labels.append("" if near else f"{f:.3g}x")
+        if not near:
+            last = f
+    return labels
 
 
 def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], limit: float, path: str,
@@ -118,7 +138,7 @@ def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], li
     factors = sorted({p[0] for pts in points.values() for p in pts})
     for a in (ax, ax2):
         a.set_xscale("log", base=2)  # 1x, 1.25x, 1.5x apart, 2x and 4x in reach
-        a.set_xticks(factors, [f"{f:.3g}x" for f in factors], rotation=30)
+        a.set_xticks(factors, factor_labels(factors), rotation=30)
         a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         a.legend(fontsize=7)
     fig.suptitle(title)

@@ -586,6 +586,18 @@ def _finished_seeds(run: Path, labels: list[tuple[str, str, str, int, float]], s
         resimulate(folder)
 
 
+def test_combined_runs_are_ordered_by_router_options_and_ceiling_not_by_folder():
+    from bench.router_real import _combined_order
+
+    labels = [("kv_horizon c=24", "ours", 24), ("vllm-router c=16", "vllm", 16), ("kv_horizon(interference_blocks=64) c=20",
+              "ours", 20), ("kv_horizon c=16", "ours", 16), ("vllm-router c=12", "vllm", 12), ("misa_t c=96", "ours", 96),
+              ("kv_horizon c=20", "ours", 20), ("vllm-router c=96", "vllm", 96)]
+    runs = sorted(({"label": label, "impl": impl, "ceiling": str(c)} for label, impl, c in labels), key=_combined_order)
+    assert [r["label"] for r in runs] == [
+        "vllm-router c=12", "vllm-router c=16", "vllm-router c=96", "kv_horizon c=16", "kv_horizon c=20",
+        "kv_horizon c=24", "kv_horizon(interference_blocks=64) c=20", "misa_t c=96"]
+
+
 def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     """Sweep points run later join an earlier run's routers, seed by seed, in one folder and
     summary naming its sources; runs that do not share seeds, traces, options or that ran
@@ -605,9 +617,9 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     assert run.returncode == 0, run.stderr
     for seed in (0, 1):
         saved = json.loads((out / f"seed-{seed}" / "results.json").read_text())
-        assert [r["label"] for r in saved["runs"]] == ["vllm-router c=2", "vllm-router c=4", "misa_t c=8",
-                                                       "kv_horizon c=2"]  # the vLLM Router by ceiling, then ours
-        assert [r["source"] for r in saved["runs"]] == [str(late), str(early), str(early), str(late)]
+        assert [r["label"] for r in saved["runs"]] == ["vllm-router c=2", "vllm-router c=4", "kv_horizon c=2",
+                                                       "misa_t c=8"]  # the vLLM Router by ceiling, then ours by name
+        assert [r["source"] for r in saved["runs"]] == [str(late), str(early), str(late), str(early)]
         assert saved["baseline"] == "vllm-router c=2" and saved["args"]["combined_from"] == [str(early), str(late)]
         assert (out / f"seed-{seed}" / "trace.jsonl").read_bytes() == (early / f"seed-{seed}" / "trace.jsonl").read_bytes()
         assert (out / f"seed-{seed}" / "table.md").exists() and (out / f"seed-{seed}" / "router_real.png").exists()
@@ -688,6 +700,9 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     seeds = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
                             "--seeds", "0"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert seeds.returncode == 2 and "leave out --seeds" in seeds.stderr, seeds.stderr
+    no_flag = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
+                              "--no-calibrate-after"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert no_flag.returncode == 2 and "leave out --no-calibrate-after" in no_flag.stderr, no_flag.stderr
     shutil.rmtree(tmp_path / "other-units")
     shutil.copytree(late, tmp_path / "other-units")
     for seed in (0, 1):

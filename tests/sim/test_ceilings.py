@@ -10,7 +10,7 @@ import os
 import pytest
 
 from router.sim.experiments import ceilings_headline, ceilings_markdown, ceilings_points, completion_ratios
-from router.sim.plots import plot_ceilings, ratio_ticks
+from router.sim.plots import factor_labels, plot_ceilings, ratio_ticks
 from tests.sim.test_cli import run_cli
 
 
@@ -65,11 +65,20 @@ def test_the_table_and_the_plot_points_hold_every_run():
     assert math.isnan(ceilings_points(empty_base, "b", [("x", 1)])["x"][0][3])
 
 
+def test_close_ceilings_keep_their_ticks_but_not_overlapping_labels():
+    # the real-engine sweep's 12, 14, 16, 18 over 16: 0.875x and 1.12x sit 0.19 log2 units from 1x
+    assert factor_labels([0.75, 0.875, 1, 1.125, 1.25, 6]) == ["0.75x", "0.875x", "1x", "1.12x", "1.25x", "6x"]
+    assert factor_labels([0.9, 1, 1.05, 1.3]) == ["0.9x", "1x", "", "1.3x"]
+    assert factor_labels([0.95, 1]) == ["", "1x"]  # 1x is always labelled
+    assert factor_labels([1]) == ["1x"] and factor_labels([]) == []
+
+
 def test_the_ratio_axis_is_labelled_between_two_powers_of_ten(tmp_path):
     # a fresh user's plot had ratios 1.26x-6.07x and a log axis with no labelled tick
     assert ratio_ticks([1.26, 1.41, 6.07], 2.0) == [1, 1.25, 1.5, 2, 3, 5]
     assert ratio_ticks([float("nan"), 30.0], 2.0) == [1.5, 2, 3, 5, 10, 20]
     assert ratio_ticks([1.2, math.inf], 2.0) == [1, 1.25, 1.5, 2, 3]  # a starved class: off the scale
+    assert ratio_ticks([0.3, 0.46, 1.0], 2.0) == [0.2, 0.3, 0.5, 0.75, 1, 1.25, 1.5, 2, 3]  # a whole run's 0.3x
     plot_ceilings({"kv_horizon": [(1, 2.4, 0.0, 1.26), (1.33, 10.7, 0.0, 1.41), (4, 29.9, 0.0, math.inf)]}, 2.0,
                   str(tmp_path / "c.png"), "t")
     assert (tmp_path / "c.png").stat().st_size > 10_000
@@ -123,3 +132,18 @@ def test_the_baselines_own_policy_at_its_swept_ceiling_reuses_that_run(tmp_path)
     assert len(runs) == 2 and len(set(runs)) == 2  # the sweep's two runs, none repeated (its seeds not doubled)
     assert p.stdout.strip().splitlines()[-1].endswith("+0.0% ± 0.0 samples/min, largest p50 completion ratio "
                                                       "1.00x (agent; within 2x)")
+
+
+def test_a_caps_plot_of_a_policy_without_caps_says_so(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from router.sim.plots import plot_caps
+
+    said = []
+    text = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, *a, **k: said.append(a[2]) or text(self, *a, **k))
+    timeline = [{"t_s": 60.0 * i, "caps": {}, "hit_rate": 0.5} for i in range(3)]
+    plot_caps(timeline, str(tmp_path / "caps.png"), "progress_ttl caps")
+    assert said == ["this policy reports no caps"] and (tmp_path / "caps.png").stat().st_size > 5_000
+    plot_caps([{**p, "caps": {"cap.a": 3}} for p in timeline], str(tmp_path / "caps2.png"), "misa_t caps")
+    assert said == ["this policy reports no caps"]  # a policy with caps draws them, no note
