@@ -90,8 +90,9 @@ def ratio_ticks(ratios: list[float], limit: float) -> list[float]:
 def factor_labels(factors: list[float], min_gap: float = 0.14) -> list[str]:
     """Tick labels for sorted ceiling factors on a log2 axis: ``"1.12x"``, blank for a factor
     closer than ``min_gap`` (in log2 units, about 10% apart) to the last labelled one, so close
-    sweep points (16 and 18 over 16) keep their ticks without overlapping labels; 1x is always
-    labelled (its left neighbour gives way)."""
+    sweep points (16 and 18 over 16) keep their ticks without overlapping labels (drawn upright:
+    a label's width is then its font's height); 1x is always labelled (its left neighbour gives
+    way)."""
     labels: list[str] = []
     last = None
     for f in factors:
@@ -114,7 +115,9 @@ def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], li
     Args:
         points: policy -> ``(ceiling factor, samples/min change %, its std %, largest p50 ratio)``.
     """
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    entries = len(points) + 1 + sum(any(math.isinf(p[3]) for p in pts) for pts in points.values())
+    rows = math.ceil(entries / 2)  # one legend under both panels, two columns: long option labels
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.4 + 0.22 * rows))
     for policy, pts in points.items():
         pts = sorted(pts)
         x = [p[0] for p in pts]
@@ -138,10 +141,10 @@ def plot_ceilings(points: dict[str, list[tuple[float, float, float, float]]], li
     factors = sorted({p[0] for pts in points.values() for p in pts})
     for a in (ax, ax2):
         a.set_xscale("log", base=2)  # 1x, 1.25x, 1.5x apart, 2x and 4x in reach
-        a.set_xticks(factors, factor_labels(factors), rotation=30)
+        a.set_xticks(factors, factor_labels(factors), rotation=90, fontsize=8)
         a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        a.legend(fontsize=7)
+    fig.legend(*ax2.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.22 * rows / (4.4 + 0.22 * rows) + 0.02, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
