@@ -250,8 +250,11 @@ class KvHorizonConfig:
     output token (0 at 24) to 0.139/0.159, samples/min unchanged; the ceiling changed too, and
     where the KV budget binds (ceiling 24 in the simulator) the agents spill onto the decode
     engine and it does little; on the simulator's paper shapes (scale 1, seeds 0-2) 64 moved
-    samples/min by -0.5% and each class's p50 by under 1.5%. Off (0) by default until
-    measured alone on real engines."""
+    samples/min by -0.5% and each class's p50 by under 1.5%. Alone at c=20 it did as little
+    (stop 50). 256 with ``target_usage`` 1.1 at c=20 kept the agents on one engine (README
+    "Agents kept on one engine"): rlvr 0.131 s per token, still 2.00x the vLLM Router's p50,
+    and the agents' engine became the bottleneck (-5.5% samples/min against the vLLM Router
+    at 16). Off (0) by default: no setting measured helps both."""
     fallback_num_blocks: int = 364
     """KV blocks assumed before an instance reports its size (the smallest engine here)."""
     block_size_fallback_tokens: int = 16
