@@ -1044,6 +1044,19 @@ def _check_args(args: argparse.Namespace) -> None:
         raise usage_error(f"--max-model-len must be >= 512 for the generated workload, got {args.max_model_len}")
 
 
+def typed_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The ``dest`` of every option given in ``argv`` (its default value typed included), by
+    parsing ``argv`` again with every default suppressed. ``parser`` is left as it was."""
+    saved = {id(a): a.default for a in parser._actions}
+    try:
+        for a in parser._actions:
+            a.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for a in parser._actions:
+            a.default = saved[id(a)]
+
+
 def main() -> None:
     parser = CommandParser(prog="python -m bench.router_real", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--minutes", type=float, default=3.0, help="wall time per router run")
@@ -1101,8 +1114,9 @@ def main() -> None:
     if args.combine is not None or args.resimulate is not None:
         mode = "--combine" if args.combine is not None else "--resimulate"
         kept = {"combine", "resimulate"} | ({"out"} if mode == "--combine" else {"request_overhead"})
+        typed = typed_options(parser, sys.argv[1:])
         ignored = [f"--{'no-' if value is False else ''}{dest.replace('_', '-')}" for dest, value in vars(args).items()
-                   if dest not in kept and value != parser.get_default(dest)]
+                   if dest not in kept and dest in typed]
         if ignored:  # a finished run keeps the options it ran with
             raise usage_error(f"{mode} reads finished runs, which keep the options they ran with; "
                               f"leave out {', '.join(ignored)}")
@@ -1663,7 +1677,10 @@ def _combined_order(r: dict) -> tuple:
     """Sort key of a combined seed's runs: the vLLM Router's sweep by ceiling, then ours by
     policy and options (the label without its ceiling), each over its ceilings."""
     family = "" if r["impl"] == "vllm" else r["label"].rsplit(" c=", 1)[0]
-    return (r["impl"] != "vllm", family, int(r["ceiling"]))
+    # numbers in the options compare as numbers: interference_blocks=64 before =256
+    parts = re.split(r"(\d+(?:\.\d+)?)", family)
+    key = tuple((0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts))
+    return (r["impl"] != "vllm", key, int(r["ceiling"]))
 
 
 def combine_runs(run_dirs: list[Path], out: Path) -> tuple[list[tuple[int, list[dict]]], float, float]:

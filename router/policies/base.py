@@ -308,10 +308,11 @@ def option_bound_errors(config: object, positive: tuple[str, ...] = (), non_nega
                         at_least_one: tuple[str, ...] = (), not_below: tuple[tuple[str, str], ...] = ()) -> list[str]:
     """One message per option of the dataclass ``config`` out of its bound (``NAME must be >
     0, got V``, ``>= 0``, ``>= 1``; for a pair ``(NAME, OTHER)`` of ``not_below``, ``NAME must be
-    >= OTHER (W), got V``), for a config's ``__post_init__`` to join into one error."""
+    >= OTHER (W), got V: raise NAME or lower OTHER``), for a config's ``__post_init__`` to join into one error."""
     bounds = ((positive, "> 0", lambda v: v > 0), (non_negative, ">= 0", lambda v: v >= 0),
               (at_least_one, ">= 1", lambda v: v >= 1))
     bad = [f"{name} must be {text}, got {getattr(config, name)}"
            for names, text, ok in bounds for name in names if not ok(getattr(config, name))]
-    return bad + [f"{name} must be >= {other} ({getattr(config, other)}), got {getattr(config, name)}"
+    return bad + [f"{name} must be >= {other} ({getattr(config, other)}), got {getattr(config, name)}: raise "
+                  f"{name} or lower {other}"
                   for name, other in not_below if getattr(config, name) < getattr(config, other)]

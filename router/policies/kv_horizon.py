@@ -268,7 +268,8 @@ class KvHorizonConfig:
     idle_timeout_s: float = 120.0
     """A protected session with nothing in flight this long ends (longer than tool gaps)."""
     held_forget_s: float = 300.0
-    """A held session not re-decided for this long is dropped (its caller gave up)."""
+    """A held session not re-decided for this long is dropped (its caller gave up); at least
+    ``recheck_s`` and ``no_healthy_recheck_s``, or one would be dropped between two rechecks."""
 
     def __post_init__(self) -> None:
         bad = []

@@ -105,7 +105,8 @@ class ProgressTtlConfig:
     idle_timeout_s: float = 600.0
     """A program with nothing in flight this long has ended (longer than any tool call)."""
     held_forget_s: float = 300.0
-    """A held program not re-decided for this long is dropped (its caller gave up)."""
+    """A held program not re-decided for this long is dropped (its caller gave up); at least
+    ``recheck_s``, or one would be dropped between two rechecks."""
     history: int = 256
     """Outputs kept per class for its mean."""
 

@@ -175,7 +175,8 @@ class SessionAdmissionConfig:
     ``router.params``: ``make_policy(..., long_hold_s=)`` from ``server.long_hold_s``, the
     one knob for this and the live router's ``router_long_holds_total``."""
     held_forget_s: float = 300.0
-    """A held session not re-decided for this long is dropped (its caller gave up)."""
+    """A held session not re-decided for this long is dropped (its caller gave up); at least
+    ``recheck_max_s`` and ``no_healthy_recheck_s``, or one would be dropped between two rechecks."""
     placement: Literal["cache_aware", "cost"] = "cache_aware"
     """Placement among instances with headroom: prefix match else least loaded, or Eq. 1."""
     prefill_tokens_per_s_prior: float = 1000.0

@@ -30,6 +30,7 @@ def plot_caps(timeline: list[dict], path: str, title: str) -> None:
         ax.legend(fontsize=6, ncol=3)
     else:  # a policy that admits by other means (progress_ttl: the KV its programs own) reports none
         ax.text(0.5, 0.5, "this policy reports no caps", transform=ax.transAxes, ha="center", va="center")
+        ax.set_yticks([])
     ax2.plot(t, [p["hit_rate"] for p in timeline], lw=1, color="k")
     ax2.set_ylabel("prefix hit rate")
     ax2.set_xlabel("simulated time (min)")

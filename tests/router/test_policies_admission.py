@@ -425,7 +425,10 @@ def test_an_unknown_option_message_does_not_offer_the_transports_long_hold_s(nam
 
 
 def test_a_held_session_is_not_forgotten_before_its_recheck() -> None:
-    with pytest.raises(ValueError, match=r"held_forget_s must be >= recheck_max_s \(1.0\), got 0.5; "
-                                         r"held_forget_s must be >= no_healthy_recheck_s \(1.0\), got 0.5"):
+    with pytest.raises(ValueError, match=r"held_forget_s must be >= recheck_max_s \(1.0\), got 0.5: raise "
+                                         r"held_forget_s or lower recheck_max_s; held_forget_s must be >= "
+                                         r"no_healthy_recheck_s \(1.0\), got 0.5"):
         SessionAdmissionConfig(held_forget_s=0.5)
+    with pytest.raises(ValueError, match=r"got 300.0: raise held_forget_s or lower recheck_max_s"):
+        SessionAdmissionConfig(recheck_max_s=400.0)  # the user raised the recheck, not lowered the forget
     assert SessionAdmissionConfig(held_forget_s=1.0).held_forget_s == 1.0

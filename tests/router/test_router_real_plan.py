@@ -591,11 +591,13 @@ def test_combined_runs_are_ordered_by_router_options_and_ceiling_not_by_folder()
 
     labels = [("kv_horizon c=24", "ours", 24), ("vllm-router c=16", "vllm", 16), ("kv_horizon(interference_blocks=64) c=20",
               "ours", 20), ("kv_horizon c=16", "ours", 16), ("vllm-router c=12", "vllm", 12), ("misa_t c=96", "ours", 96),
-              ("kv_horizon c=20", "ours", 20), ("vllm-router c=96", "vllm", 96)]
+              ("kv_horizon c=20", "ours", 20), ("vllm-router c=96", "vllm", 96),
+              ("kv_horizon(interference_blocks=256,target_usage=1.1) c=20", "ours", 20)]
     runs = sorted(({"label": label, "impl": impl, "ceiling": str(c)} for label, impl, c in labels), key=_combined_order)
     assert [r["label"] for r in runs] == [
         "vllm-router c=12", "vllm-router c=16", "vllm-router c=96", "kv_horizon c=16", "kv_horizon c=20",
-        "kv_horizon c=24", "kv_horizon(interference_blocks=64) c=20", "misa_t c=96"]
+        "kv_horizon c=24", "kv_horizon(interference_blocks=64) c=20",
+        "kv_horizon(interference_blocks=256,target_usage=1.1) c=20", "misa_t c=96"]  # 64 before 256
 
 
 def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
@@ -703,6 +705,11 @@ def test_combine_sets_the_routers_of_two_runs_side_by_side(tmp_path, capsys):
     no_flag = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
                               "--no-calibrate-after"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert no_flag.returncode == 2 and "leave out --no-calibrate-after" in no_flag.stderr, no_flag.stderr
+    as_default = subprocess.run([sys.executable, "-m", "bench.router_real", "--combine", str(early), str(late),
+                                 "--minutes", "3", "--calibrate-after"], capture_output=True, text=True,
+                                cwd=REPO_ROOT, timeout=120)  # typed, though each is its default
+    assert as_default.returncode == 2 and "leave out --minutes, --calibrate-after" in as_default.stderr, \
+        as_default.stderr
     shutil.rmtree(tmp_path / "other-units")
     shutil.copytree(late, tmp_path / "other-units")
     for seed in (0, 1):
