@@ -44,7 +44,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from router.estimators import BoundedHistory
+from router.estimators import BoundedHistory, MetricWindows
 from router.policies.base import (
     Admit,
     AllBlocksCleared,
@@ -90,6 +90,9 @@ class ProgressTtlConfig:
     rate_windows: int = 16
     """Metric windows whose largest prefill rate is the instance's (a quiet window
     measures the demand, not what the engine can do)."""
+    rate_window_s: float = 1.0
+    """Length of one such window (:class:`router.estimators.MetricWindows`): one scrape
+    period of the simulator and the live router."""
     output_prior_tokens: float = 1024.0
     """A running request's output before 8 of its class finished (tokens)."""
     waiting_limit: int = 8
@@ -119,7 +122,7 @@ class ProgressTtlConfig:
         bad += option_bound_errors(
             self,
             positive=("ttl_scale", "force_resume_s", "prefill_tokens_per_s_prior", "output_prior_tokens",
-                      "metrics_stale_s", "recheck_s", "idle_timeout_s", "held_forget_s"),
+                      "metrics_stale_s", "recheck_s", "idle_timeout_s", "held_forget_s", "rate_window_s"),
             non_negative=("waiting_limit",),
             at_least_one=("rate_windows", "fallback_num_blocks", "block_size_fallback_tokens", "history"),
             not_below=(("held_forget_s", "recheck_s"),))  # else a held program is forgotten between two rechecks
@@ -170,7 +173,7 @@ class ProgressTtlPolicy:
         self._block_size: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
         self._rates: dict[str, deque[float]] = {}  # instance -> prefill tokens/s of recent windows
-        self._last_sample: dict[str, tuple[float, float]] = {}  # instance -> (now, prompt_tokens_total)
+        self._windows: dict[str, MetricWindows] = {}
         self.counters = {"continuations": 0, "new": 0, "resumes": 0, "forced_resumes": 0, "pauses": 0,
                          "holds_new": 0, "holds_resume": 0, "ended_idle": 0, "abandoned_holds": 0}
 
@@ -437,13 +440,10 @@ class ProgressTtlPolicy:
     def _on_metrics(self, event: MetricsSampled) -> None:
         m, w = event.metrics, event.instance
         self._sizes(w, m)
-        last = self._last_sample.get(w)
-        if last is not None and event.now > last[0] and m.prompt_tokens_total >= last[1]:
-            rate = (m.prompt_tokens_total - last[1]) / (event.now - last[0])
-            if rate > 0:
-                self._rates.setdefault(w, deque(maxlen=self.config.rate_windows)).append(rate)
-        if last is None or event.now > last[0]:
-            self._last_sample[w] = (event.now, m.prompt_tokens_total)
+        windows = self._windows.setdefault(w, MetricWindows(self.config.rate_window_s, 0.0))
+        window = windows.add(m, event.now)
+        if window is not None and window.prefill_tokens_per_s > 0:
+            self._rates.setdefault(w, deque(maxlen=self.config.rate_windows)).append(window.prefill_tokens_per_s)
 
     # ------------------------------------------------------------------ state
 

@@ -95,15 +95,14 @@ def factor_labels(factors: list[float], min_gap: float = 0.14) -> list[str]:
     a label's width is then its font's height); 1x is always labelled (its left neighbour gives
     way)."""
     labels: list[str] = []
-    last = None
-    for f in factors:
-        near = last is not None and math.log2(f) - math.log2(last) < min_gap
-        if near and f == 1 and labels:
-            labels[labels.index(f"{last:.3g}x")] = ""
-            near = False
+    last = None  # index of the last labelled factor
+    for i, f in enumerate(factors):
+        near = last is not None and math.log2(f) - math.log2(factors[last]) < min_gap
+        if near and f == 1:
+            labels[last], near = "", False
         labels.append("" if near else f"{f:.3g}x")
         if not near:
-            last = f
+            last = i
     return labels
 
 

@@ -155,3 +155,21 @@ def test_progress_ttl_refuses_bad_options_in_one_message():
         make_policy("progress_ttl", {"ttl_min_s": 5.0, "ttl_max_s": 1.0})
     with pytest.raises(RouterConfigError, match="held_forget_s must be >= recheck_s"):
         make_policy("progress_ttl", {"held_forget_s": 0.001})
+
+
+def test_progress_ttl_prefill_rate_is_the_busiest_recent_window_and_survives_an_engine_restart():
+    p = make_policy("progress_ttl", {"rate_windows": 2})
+    assert p.prefill_rate("w0") == p.config.prefill_tokens_per_s_prior  # no window yet
+
+    def prompt(now: float, total: float) -> None:
+        p.observe(MetricsSampled("w0", InstanceMetrics(prompt_tokens_total=total), now))
+
+    prompt(0.0, 0.0)
+    prompt(1.0, 3000.0)  # 3000 tokens/s
+    prompt(2.0, 4000.0)  # 1000 tokens/s: a quiet window measures demand, not capacity
+    assert p.prefill_rate("w0") == pytest.approx(3000.0)
+    prompt(3.0, 5000.0)  # the 3000 window leaves the last 2
+    assert p.prefill_rate("w0") == pytest.approx(1000.0)
+    prompt(4.0, 10.0)  # the counter went back (engine restart): no rate from it
+    prompt(5.0, 2010.0)
+    assert p.prefill_rate("w0") == pytest.approx(2000.0)
