@@ -133,13 +133,24 @@ def check_tasks_path(tasks_path) -> None:
         raise ConfigError(f"{given}: {path} holds no tasks. {build}")
 
 
+
+def iteration_progress(console: Console):
+    """The training bar: iterations done, elapsed time, and as its description the last
+    iteration's line with the next step's rollouts beside it in brackets, shown as typed
+    (not read as rich markup, which took ``[rollouts ...]`` for a style tag and showed
+    nothing). Off where ``console`` is not a terminal. Returns a ``rich.progress.Progress``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.description}", markup=False), console=console,
+                    disable=not console.is_terminal)
+
 async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, reward_cfg: dict,
                 run_dir: Path, console: Console, group=None) -> list[dict]:
     """Build the trainer's parts around a running stack and train; returns the metrics.
     ``group``: the learner's ranks (``rl.distributed.RankGroup``) when it is sharded."""
     import httpx
     import wandb
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
     from agents.client import AgentServerClient
@@ -217,9 +228,7 @@ async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, rew
                      config=OmegaConf.to_container(cfg, resolve=True), reinit="finish_previous")
     # Into a log the bar is off (rich would print its last state at the end, repeating the
     # last iteration's line); the iteration and rollout lines below say it all.
-    progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
-                        disable=not console.is_terminal)
+    progress = iteration_progress(console)
     bar = progress.add_task("", total=int(tcfg.iterations))
 
     last_line = {"text": "", "printed_s": time.monotonic()}

@@ -176,3 +176,25 @@ def test_the_progress_line_gives_the_held_out_scores_of_an_iteration_that_ended_
     rolled = dict(evaluated, samples_per_min=35.8, prefix_hit_rate=0.71, rollout_reward_by_class={"rlvr": 0.16})
     assert progress_line(rolled).endswith("reward rlvr 0.16  held-out arithmetic/pass@1 0.260, arithmetic/pass@2 0.438")
     assert eval_scores_text({"iteration_s": 1.0}) == ""
+
+
+def test_the_training_bar_shows_the_rollout_line_in_brackets_as_typed():
+    # a fresh user's terminal showed "GRPO ━━ 0/1" and never the rollouts: rich read
+    # "[rollouts for iteration 1: ...]" as a style tag and dropped it
+    import io
+
+    from rich.console import Console
+
+    from rl.report import rollout_progress_line
+    from rl.train import iteration_progress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200, color_system=None)
+    progress = iteration_progress(console)
+    line = rollout_progress_line({"iteration": 1, "groups_ready": 0, "groups_per_step": 6, "units_back": 3,
+                                  "units_back_by_class": {"agent": 1, "rlhf": 2}, "elapsed_s": 31.0})
+    bar = progress.add_task(f"  [{line}]", total=1)
+    progress.refresh()
+    console.print(progress.get_renderable())
+    assert f"[{line}]" in out.getvalue() and "groups ready" in line
+    assert bar == 0 and iteration_progress(Console(file=io.StringIO())).disable  # off into a log file
