@@ -385,7 +385,9 @@ class Learner:
 
         Returns stats: ``loss``, ``clip_frac`` (share of loss tokens whose ratio was
         clipped), ``ratio_mean``, ``kl`` (mean k3), ``grad_norm`` (before clipping; NaN
-        under DeepSpeed), ``num_seqs``, ``num_loss_tokens``, ``step_s``; and the
+        under DeepSpeed), ``num_seqs``, ``num_loss_tokens``, ``num_tokens`` (tokens
+        forwarded, prompts included, padding not: what the step's time scales with),
+        ``step_s``; and the
         train/inference mismatch over the sampled tokens of the samples generated at this
         learner's version (``TrainSample.policy_version``): ``mismatch/tokens``, and when
         there are any, ``mismatch/logprob_abs_diff`` (mean |learner - engine| log-prob,
@@ -407,6 +409,7 @@ class Learner:
         t0 = time.perf_counter()
         batch = collate(samples, self.pad_token_id)
         n_seqs, n_tok = len(batch), float(batch.loss_mask.sum())
+        n_forwarded = float(batch.attention_mask.sum())
         mbs = self.cfg.micro_batch_size
         starts = list(range(0, n_seqs, mbs))
         total_loss, clipped, ratio_sum, kl_sum, tis_sum = 0.0, 0.0, 0.0, 0.0, 0.0
@@ -452,8 +455,8 @@ class Learner:
         d = max(n_tok, 1.0)
         out = {"loss": total_loss, "clip_frac": clipped / d, "ratio_mean": ratio_sum / d,
                "kl": kl_sum / d, "grad_norm": grad_norm, "num_seqs": float(n_seqs),
-               "num_loss_tokens": n_tok, "step_s": time.perf_counter() - t0,
-               "mismatch/tokens": mis_n}
+               "num_loss_tokens": n_tok, "num_tokens": n_forwarded,
+               "step_s": time.perf_counter() - t0, "mismatch/tokens": mis_n}
         if mis_n > 0:
             out["mismatch/logprob_abs_diff"] = mis_abs / mis_n
             out["mismatch/k3_kl"] = mis_k3 / mis_n

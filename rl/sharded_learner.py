@@ -416,7 +416,7 @@ class ShardedLearner(Learner):
         d = max(n_tok, 1.0)
         out = {"loss": tot["loss"], "clip_frac": tot["clipped"] / d, "ratio_mean": tot["ratio"] / d,
                "kl": tot["kl"] / d, "grad_norm": grad_norm, "num_seqs": float(n_seqs),
-               "num_loss_tokens": n_tok, "ranks": float(self.group.world_size),
+               "num_loss_tokens": n_tok, "num_tokens": tot["tokens"], "ranks": float(self.group.world_size),
                "rank_tokens_max": max(r[0][_SUMS.index("tokens")] for r in per_rank),
                "rank_tokens_min": min(r[0][_SUMS.index("tokens")] for r in per_rank),
                "step_s": time.perf_counter() - t0, "mismatch/tokens": tot["mismatch_tokens"]}

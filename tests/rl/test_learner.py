@@ -46,6 +46,7 @@ def test_update_raises_logprob_of_positive_advantage_sequence(learner):
     assert learner.version == 1
     assert stats["num_seqs"] == 2 and stats["num_loss_tokens"] == sum(
         len(s.completion_ids) for s in samples)
+    assert stats["num_tokens"] == sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     assert stats["loss"] == pytest.approx(loss_before, abs=1e-5)  # same batch, same weights
     assert any(not torch.equal(before[k], v) for k, v in learner.model.named_parameters())
     assert learner.loss(samples) < loss_before

@@ -209,6 +209,7 @@ def stepped(request):
 def test_two_ranks_take_the_one_rank_step(stepped):
     s, ref, rel = stepped["step"], stepped["ref_stats"], REL_TOL[stepped["case"]]
     assert s["ranks"] == 2 and s["num_seqs"] == 5 and s["num_loss_tokens"] == ref["num_loss_tokens"]
+    assert s["num_tokens"] == ref["num_tokens"] > s["num_loss_tokens"]
     assert s["loss"] == pytest.approx(ref["loss"], rel=rel)
     assert s["grad_norm"] == pytest.approx(ref["grad_norm"], rel=rel)
     assert s["clip_frac"] == pytest.approx(ref["clip_frac"], abs=1e-6)
