@@ -188,6 +188,7 @@ class RouterService:
             timeout_s=self.config.scrape_timeout_s, clock=clock,
             on_unreachable=lambda instance: self._set_health(instance, False),
             on_failure=self._on_scrape_failed,
+            idle=self._engines_idle, idle_interval_s=self.config.idle_scrape_interval_s,
         )
         self.kv_events = KvEventSubscriber(
             dict(zip(urls, kv_event_endpoints)), self.observe, self.translator, topic=self.config.kv_topic,
@@ -308,6 +309,14 @@ class RouterService:
             await self._runner.cleanup()
             self._runner = None
             await self._on_cleanup()
+
+    def _engines_idle(self) -> bool:
+        """Nothing can change the engines' figures but a request not sent yet: none in flight
+        or held, and every engine's last sample shows no request running or waiting (the
+        scraper then slows to ``signals.idle_scrape_interval_s``)."""
+        return self._held_now == 0 and all(
+            s.in_flight == 0 and s.metrics is not None and s.metrics.num_requests_running == 0
+            and s.metrics.num_requests_waiting == 0 for s in self.instances.values())
 
     async def _on_startup(self) -> None:
         # One scrape before serving: the block size (and a first sample) is known at once.
@@ -513,6 +522,7 @@ class RouterService:
                 if held_since is None:
                     held_since = now
                     self._held_now += 1
+                    self.scraper.wake()
                     self.metrics.holds.labels(cls).inc()
                     self.metrics.held_now.labels(cls).inc()
                 await self._held.wait(request.arrival_s, decision.recheck_after_s)
@@ -562,6 +572,7 @@ class RouterService:
         """
         state = self.instances[instance]
         state.in_flight += 1
+        self.scraper.wake()
         usage: dict = {}
         outcome = "error"
         try:

@@ -21,6 +21,9 @@ class ServiceConfig:
         max_retries: decisions after engine failures before the client gets 502.
         probe_interval_s: period of ``/health`` probes of an unhealthy engine.
         scrape_interval_s / scrape_timeout_s: metric scrape period and timeout.
+        idle_scrape_interval_s: the scrape period while the engines are idle and nothing is
+            in flight or held (never shorter than ``scrape_interval_s``; keep it under the
+            policies' ``metrics_stale_s``, 10 s by default); a request going out scrapes at once.
         kv_topic: ZMQ topic of the engines' KV event publishers.
         long_hold_s: holds longer than this are counted as long holds, in
             ``router_long_holds_total`` and (``build_service`` passes it to ``make_policy``)
@@ -45,6 +48,7 @@ class ServiceConfig:
     probe_interval_s: float = 1.0
     scrape_interval_s: float = 0.5
     scrape_timeout_s: float = 2.0
+    idle_scrape_interval_s: float = 5.0
     kv_topic: str = "kv-events"
     long_hold_s: float = 30.0
     session_forget_idle_s: float = 600.0
@@ -61,7 +65,8 @@ class ServiceConfig:
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(f.name, f.name)} must be an integer, got {value!r}")
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
                      "no_engine_timeout_s", "long_hold_s",
-                     "scrape_interval_s", "scrape_timeout_s", "tokenizer_threads", "wake_per_finish"):
+                     "scrape_interval_s", "scrape_timeout_s", "idle_scrape_interval_s", "tokenizer_threads",
+                     "wake_per_finish"):
             if getattr(self, name) <= 0:
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(name, name)} must be > 0, got {getattr(self, name)!r}")
         if self.max_retries < 0 or self.session_forget_idle_s < 0:
@@ -81,6 +86,7 @@ SERVICE_OPTIONS = {
     "probe_interval_s": "engines.probe_interval_s",
     "scrape_interval_s": "signals.scrape_interval_s",
     "scrape_timeout_s": "signals.scrape_timeout_s",
+    "idle_scrape_interval_s": "signals.idle_scrape_interval_s",
     "kv_topic": "signals.kv_topic",
     "session_forget_idle_s": "sessions.forget_idle_s",
     "no_engine_timeout_s": "engines.no_engine_timeout_s",

@@ -89,6 +89,35 @@ async def test_body_forwarded_unchanged_and_headers_reach_engine(router, engines
     assert got[0].headers["X-Session-Id"] == "s-1" and got[0].headers["X-Custom"] == "kept"
 
 
+async def test_idle_engines_are_scraped_slowly_until_a_request_goes_out(engines):
+    # nothing in flight or held and every engine's last sample idle: the scraper waits its
+    # idle interval (an hour here); a request going out scrapes at once
+    service = await start_router(engines, idle_scrape_interval_s=3600.0)
+    try:
+        assert service.scraper.idle()
+        for _ in range(30):  # a round under way may still end; at 0.05 s none is ever quiet for 0.3 s
+            seen = {u: s.metrics_at_s for u, s in service.instances.items()}
+            await asyncio.sleep(0.3)
+            if {u: s.metrics_at_s for u, s in service.instances.items()} == seen:
+                break
+        assert {u: s.metrics_at_s for u, s in service.instances.items()} == seen
+        engines[0].running = 2  # someone else's requests: not idle once a sample shows them
+        service.instances[engines[0].url].in_flight += 1
+        assert not service.scraper.idle()
+        service.instances[engines[0].url].in_flight -= 1
+        async with httpx.AsyncClient(base_url=service.url) as client:
+            r = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200
+        for _ in range(1000):  # up to 10 s under load
+            if all(s.metrics_at_s != seen[u] for u, s in service.instances.items()):
+                break
+            await asyncio.sleep(0.01)
+        assert all(s.metrics_at_s != seen[u] for u, s in service.instances.items())
+        assert not service.scraper.idle()  # engine 0's sample shows 2 running
+    finally:
+        await service.stop()
+
+
 async def test_stream_passes_through_chunk_by_chunk(engines):
     for e in engines:
         e.chunk_delay_s, e.completion_tokens = 0.1, 5

@@ -84,6 +84,44 @@ async def test_scrape_loop_waits_an_interval_first_when_the_caller_just_scraped(
         await engine.stop()
 
 
+async def test_scrape_loop_slows_while_idle_and_a_wake_scrapes_at_once():
+    # idle engines: rounds every idle_interval_s (an hour here) instead of interval_s; a
+    # request going out (wake) ends that wait and the next round comes at once
+    engine = FakeEngine(block_size=32)
+    await engine.start()
+    samples, idle = [], [False]
+    scraper = MetricsScraper([engine.url], lambda i, m, now: samples.append(i), interval_s=0.01,
+                             timeout_s=5.0, idle=lambda: idle[0], idle_interval_s=3600.0)
+    task = asyncio.create_task(scraper.run())
+
+    async def until(n):  # up to 10 s under load
+        for _ in range(1000):
+            if len(samples) >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{len(samples)} scrapes, expected {n}")
+
+    try:
+        await until(3)  # busy: a round every 10 ms
+        idle[0] = True
+        for _ in range(30):  # a round under way when it went idle may still end
+            quiet = len(samples)
+            await asyncio.sleep(0.3)  # 30 rounds at the busy interval
+            if len(samples) == quiet:
+                break
+        assert len(samples) == quiet
+        idle[0] = False
+        scraper.wake()
+        await until(quiet + 2)  # at once, and busy again after it
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.stop()
+    assert scraper.idle_interval_s == 3600.0
+    # never faster than the busy interval
+    assert MetricsScraper([], lambda *a: None, interval_s=2.0, idle_interval_s=0.5).idle_interval_s == 2.0
+
+
 # --------------------------------------------------------------------------- KV events
 # Frames shaped like vLLM's ZmqEventPublisher: (topic, seq as 8 bytes big-endian,
 # msgpack [ts, [event maps tagged "type"], dp_rank]); vllm/distributed/kv_events.py.
