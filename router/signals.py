@@ -146,10 +146,9 @@ class MetricsScraper:
         idle: ``idle()`` True when nothing can change the engines' figures but a request the
             router has not sent yet (nothing in flight or held, every last sample showing no
             request running or waiting); then rounds come every ``idle_interval_s`` instead,
-            until :meth:`wake`. Rendering and parsing the pages cost the engines' API servers
-            and the router about 12% of a core at 0.5 s on the 2-core machine, beside a
-            learner that needs the cores (the vLLM Router scrapes nothing). None: always
-            ``interval_s``.
+            until :meth:`wake`. Rendering and parsing the pages of two idle engines every
+            0.5 s cost their API servers and the router 7-12% of a core on the 2-core
+            machine, beside a learner that needs the cores. None: always ``interval_s``.
         idle_interval_s: time between rounds while ``idle()`` (>= ``interval_s``; keep it
             under the policies' ``metrics_stale_s``, 10 s by default).
     """
