@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from common.config import register_renamed_key
@@ -63,6 +64,10 @@ class ServiceConfig:
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(f.name, f.name)} must be a number, got {value!r}")
             if isinstance(default, int) and not isinstance(value, int):
                 raise RouterConfigError(f"{SERVICE_OPTIONS.get(f.name, f.name)} must be an integer, got {value!r}")
+            if isinstance(default, (int, float)) and not math.isfinite(value):
+                # nan passes every comparison below, and a timer of nan or inf seconds stops the
+                # loop that schedules it (the scraper, the probes) without a word
+                raise RouterConfigError(f"{SERVICE_OPTIONS.get(f.name, f.name)} must be a finite number, got {value!r}")
         for name in ("max_body_bytes", "connect_timeout_s", "request_timeout_s", "probe_interval_s",
                      "no_engine_timeout_s", "long_hold_s",
                      "scrape_interval_s", "scrape_timeout_s", "idle_scrape_interval_s", "tokenizer_threads",

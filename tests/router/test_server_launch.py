@@ -96,6 +96,13 @@ def test_vllm_router_argv_refuses_an_unknown_log_level():
                                             "service's server.long_hold_s sets it"),
         ("router=round-robin engines.urls=[http://127.0.0.1:1] server.long_hold_s=0", 2,
          "server.long_hold_s must be > 0"),
+        # nan passes '> 0'; a timer of nan seconds stopped the scrape loop without a word
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] signals.idle_scrape_interval_s=nan", 2,
+         "signals.idle_scrape_interval_s must be a finite number, got nan"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] signals.scrape_interval_s=inf", 2,
+         "signals.scrape_interval_s must be a finite number, got inf"),
+        ("router=round-robin engines.urls=[http://127.0.0.1:1] signals.idle_scrape_interval_s=-1", 2,
+         "signals.idle_scrape_interval_s must be > 0, got -1"),
     ],
 )
 def test_config_mistake_gives_one_line_and_no_traceback(override, code, expected):
