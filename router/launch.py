@@ -183,7 +183,7 @@ def start_router(
     model_path: str | None,
     log_dir: str | Path,
     port: int | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float = 180.0,
     extra_overrides: Sequence[str] = (),
     request_timeout_s: float | None = None,
 ) -> RouterHandle:
@@ -197,7 +197,9 @@ def start_router(
         model_path: tokenizer source for ours, or None.
         log_dir: the run folder; the router logs to ``log_dir/router.log``.
         port: port to serve on; None = a free one.
-        timeout_s: how long to wait for ``/health``.
+        timeout_s: how long to wait for ``/health`` (a router that exits fails at once). Our
+            router's start-up (imports, tokenizer) took over 60 s on the 2-core machine while engines
+            started and a learner loaded beside it.
         extra_overrides: more Hydra overrides for ours.
         request_timeout_s: longest wait for one engine answer; None = the router's default.
 
