@@ -133,7 +133,6 @@ def check_tasks_path(tasks_path) -> None:
         raise ConfigError(f"{given}: {path} holds no tasks. {build}")
 
 
-
 def iteration_progress(console: Console):
     """The training bar: iterations done, elapsed time, and as its description the last
     iteration's line with the next step's rollouts beside it in brackets, shown as typed
@@ -144,6 +143,7 @@ def iteration_progress(console: Console):
     return Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("{task.description}", markup=False), console=console,
                     disable=not console.is_terminal)
+
 
 async def train(cfg: DictConfig, stack: ServingStack, agent_url: str | None, reward_cfg: dict,
                 run_dir: Path, console: Console, group=None) -> list[dict]:

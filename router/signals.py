@@ -169,7 +169,7 @@ class MetricsScraper:
         self.instances = list(instances)
         self.idle = idle
         self.idle_interval_s = max(idle_interval_s, interval_s)
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()  # set by wake(); bound to no loop until awaited
         self.on_sample = on_sample
         self.on_unreachable = on_unreachable
         self.on_failure = on_failure
@@ -220,13 +220,10 @@ class MetricsScraper:
 
     def wake(self) -> None:
         """A request is going out: end an idle wait at once (the next round scrapes now)."""
-        if self._wake is not None:
-            self._wake.set()
+        self._wake.set()
 
     async def _pause(self, busy_s: float) -> None:
         """Wait ``busy_s``, or up to ``idle_interval_s`` while ``idle()`` and nobody wakes us."""
-        if self._wake is None:
-            self._wake = asyncio.Event()
         self._wake.clear()
         if self.idle is None or not self.idle():  # read after the clear: a wake before it shows here
             await asyncio.sleep(max(0.0, busy_s))
