@@ -57,6 +57,7 @@ from typing import Any, Callable, Mapping
 import httpx
 from omegaconf import DictConfig, OmegaConf
 
+from common.cpu_time import ENGINE_ROLES, CpuMeter, engine_job_role
 from rl.grpo import AsyncLimits, GRPOLossConfig, async_limits, group_advantages, loss_config
 from rl.interfaces import Evaluate, Learner, Worker
 from rl.mixture import MixtureLedger, tv_distance
@@ -250,6 +251,20 @@ class EngineCounters:
         return {"prefix_hit_rate": (self.prefix_hits - before.prefix_hits) / q if q > 0 else None,
                 "prefill_tok_s": (self.prompt_tokens - before.prompt_tokens) / dt,
                 "decode_tok_s": (self.generation_tokens - before.generation_tokens) / dt}
+
+
+def update_cores(cores: Mapping[str, float]) -> dict[str, float]:
+    """Cores each role of the job used during a learner step (a :class:`CpuMeter` reading with
+    :func:`common.cpu_time.engine_job_role`), with ``engines``: the sum over the engines' roles
+    (model workers, engine cores, API servers). ``job`` is this process (the learner's step and
+    the rollout client); ``other`` the rest of its process tree (agent and reward servers,
+    sandboxes). Processes outside the tree (remote engines, other torchrun ranks) are not in it.
+
+    On shared CPU cores (the CPU recipe) the learner's step runs beside the next iteration's
+    rollouts: ``engines`` over ``job`` says how much of the machine went to them meanwhile."""
+    out = {role: round(v, 3) for role, v in cores.items()}
+    out["engines"] = round(sum(v for role, v in cores.items() if role in ENGINE_ROLES), 3)
+    return out
 
 
 def _mean_reward_by_class(results: list[UnitResult]) -> dict[str, float]:
@@ -535,7 +550,9 @@ class Trainer:
                 groups_by_class[group[0].unit.workload_class] += 1
         staleness = [self.learner.version - r.unit.policy_version for g in batch for r in g if r.ok]
         step: dict[str, Any] = {}
+        cpu: dict[str, float] = {}
         if samples:
+            meter = await asyncio.to_thread(CpuMeter, os.getpid(), engine_job_role)
             try:
                 step = await asyncio.to_thread(self.learner.step, samples)
             except asyncio.CancelledError:
@@ -543,6 +560,7 @@ class Trainer:
                 # step to its end, and the interpreter waits for it at exit.
                 self.learner.abort_step()
                 raise
+            cpu = update_cores(await asyncio.to_thread(meter.cores))
         else:
             # Nothing to learn from: no optimizer step, so no new policy version and no
             # weight sync; the iteration still counts (the loop must end).
@@ -554,7 +572,7 @@ class Trainer:
             sync = report.as_metrics()
             # a sharded learner's gather: time, buckets, peak memory per rank
             sync.update({f"gather/{k}": v for k, v in getattr(self.learner, "last_sync_stats", {}).items()})
-        return {"update_s": update_s, "step": step, "sync": sync, "updated": bool(samples),
+        return {"update_s": update_s, "step": step, "sync": sync, "cpu": cpu, "updated": bool(samples),
                 "trained_units": len(used), "groups": len(batch),
                 "trained_units_by_class": dict(Counter(r.unit.workload_class for r in used)),
                 "trained_groups_by_class": dict(groups_by_class),
@@ -609,6 +627,7 @@ class Trainer:
             "router_caps": ((state or {}).get("policy") or {}).get("caps"),
             **{(k if "/" in k else f"loss/{k}"): v for k, v in upd["step"].items()},
             **{f"sync/{k}": v for k, v in upd["sync"].items()},
+            **{f"cpu_update/{k}": v for k, v in upd["cpu"].items()},
         }
         if upd["updated"] and self.evaluate is not None and self.config.eval_every \
                 and self.learner.version % self.config.eval_every == 0:

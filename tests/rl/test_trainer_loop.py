@@ -159,6 +159,55 @@ def test_a_sharded_learners_gather_figures_are_in_the_sync_metrics(tmp_path):
     assert (m["sync/gather/peak_mem_gib_rank0"], m["sync/gather/peak_mem_gib_rank1"]) == (1.5, 0.75)
 
 
+class BusyLearner(FakeLearner):
+    """A step that burns CPU in this process and leaves a child process burning it too (a
+    stand-in for the rollouts beside the update); the child is still running at the meter's
+    end reading and is stopped by the test."""
+
+    def __init__(self):
+        super().__init__()
+        self.children = []
+
+    def step(self, samples):
+        import subprocess
+        import sys
+        import time
+
+        import psutil
+
+        child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                                  "while time.process_time() - t < 0.3: pass\ntime.sleep(60)"])
+        self.children.append(child)
+        t = time.thread_time()
+        while time.thread_time() - t < 0.05:  # CPU work in this process, whatever the load
+            pass
+        proc = psutil.Process(child.pid)
+        while sum(proc.cpu_times()[:2]) < 0.1:  # the child has used CPU during the step
+            time.sleep(0.01)
+        return super().step(samples)
+
+
+def test_each_update_says_how_many_cores_each_role_of_the_job_used_meanwhile(tmp_path):
+    learner = BusyLearner()
+    try:
+        asyncio.run(trainer(tmp_path, tcfg(iterations=2), learner=learner).run())
+    finally:
+        for child in learner.children:
+            child.kill()
+            child.wait()
+    for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        assert m["cpu_update/job"] > 0 and m["cpu_update/other"] > 0  # this process; the child
+        assert m["cpu_update/engines"] == 0  # no engine in this job
+
+
+def test_update_cores_sums_the_engines_roles():
+    from rl.trainer import update_cores
+
+    cores = {"job": 1.1, "engine_worker": 0.6, "engine_core": 0.2, "api_server": 0.05, "router": 0.01}
+    assert update_cores(cores) == {**cores, "engines": 0.85}
+
+
 def test_every_released_unit_is_completed_dropped_or_in_flight_exactly_once(tmp_path):
     t = trainer(tmp_path, tcfg(iterations=4))
     history = asyncio.run(t.run())
