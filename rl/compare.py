@@ -134,6 +134,16 @@ def seed_list(value) -> list[int]:
     return [int(v) for v in values]
 
 
+TIME_FIGURES = (("generation_wait_s", "generation wait (s)"), ("update_s", "update (s)"),
+              ("loss/num_tokens", "tokens per update"), ("update_s_per_1k_tokens", "update s per 1k tokens"),
+              ("cpu_update/job", "trainer cores in update"), ("cpu_update/engines", "engine cores in update"))
+"""Where an iteration's time goes, per router (means of ``run_summary``'s figures over the
+seeds): the wait for rollouts, the learner's update, the update over the tokens it
+forwarded (which tells a learner slowed beside the rollouts, on shared CPUs, from one that
+trained longer sequences), and the cores the trainer's process and the engines used
+during the updates."""
+
+
 def first_iteration_s(history: list[dict]) -> float | None:
     """The first iteration's time (s): the one that starts on cold engines and a cold router."""
     its = [h for h in history if "iteration_s" in h]
@@ -153,9 +163,10 @@ def seeds_summary(per_seed: dict[int, dict[str, dict]], first_iterations: dict[i
     Returns:
         ``{"seeds": [...], "baseline": label, "changes": {label: {figure: {"per_seed": [...],
         "mean": x, "spread": y}}}, "routers": {label: {"tv_pp": ..., "prefix_hit": ...,
-        "first_iteration_s": ..., "iteration_s": ...}}}``; a figure that is missing or not
-        finite in a seed's run of the router, or missing, not finite or 0 in the first
-        router's, is left out of that router's changes (``n/a`` in the table) and means.
+        "first_iteration_s": ..., "iteration_s": ..., and each key of ``TIME_FIGURES``}}}``;
+        a figure that is missing or not finite in a seed's run of the router, or missing, not
+        finite or 0 in the first router's, is left out of that router's changes (``n/a`` in
+        the table) and means.
     """
     seeds = list(per_seed)
     labels = list(per_seed[seeds[0]])
@@ -186,13 +197,14 @@ def seeds_summary(per_seed: dict[int, dict[str, dict]], first_iterations: dict[i
         routers[label] = {"tv_pp": mean_of(label, "tv_distance", 100.0),
                           "prefix_hit": mean_of(label, "prefix_hit_rate"),
                           "iteration_s": mean_of(label, "iteration_s"),
-                          "first_iteration_s": None if None in firsts else statistics.mean(firsts)}
+                          "first_iteration_s": None if None in firsts else statistics.mean(firsts),
+                          **{key: mean_of(label, key) for key, _ in TIME_FIGURES}}
     return {"seeds": seeds, "baseline": base, "changes": changes, "routers": routers}
 
 
 def seeds_markdown(summary: dict, title: str) -> str:
     """``seeds_summary`` as markdown: the changes table (mean ± spread, per seed), then the
-    per-router figures."""
+    per-router figures, then where each router's iteration time went (``TIME_FIGURES``)."""
     seeds, base = summary["seeds"], summary["baseline"]
     out = [f"# {title}", "", f"Change against {base}, mean ± spread over seeds {seeds} (per seed in brackets; "
            "iteration time: lower is better, the rest: higher is better).", "",
@@ -213,6 +225,13 @@ def seeds_markdown(summary: dict, title: str) -> str:
     for label, r in summary["routers"].items():
         out.append(f"| {label} | {fmt(r['iteration_s'], '.1f')} | {fmt(r['first_iteration_s'], '.1f')} | "
                    f"{fmt(r['tv_pp'], '.2f')} | {fmt(r['prefix_hit'], '.1%')} |")
+    out += ["", "Where an iteration's time goes (means over the seeds):", "",
+            "| Router | " + " | ".join(label for _, label in TIME_FIGURES) + " |", "|---|" + "---|" * len(TIME_FIGURES)]
+    specs = {"loss/num_tokens": ".0f", "update_s_per_1k_tokens": ".2f", "cpu_update/job": ".2f",
+             "cpu_update/engines": ".2f"}
+    for label, r in summary["routers"].items():
+        cells = [fmt(r.get(key), specs.get(key, ".1f")) for key, _ in TIME_FIGURES]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 

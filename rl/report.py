@@ -21,8 +21,19 @@ SUMMARY_FIGURES = (
     ("decode_tok_s", "decode tok/s", "{:.0f}"),
     ("prefix_hit_rate", "prefix hit", "{:.1%}"),
     ("sync_s", "weight sync (s)", "{:.2f}"),
+    ("generation_wait_s", "generation wait (s)", "{:.1f}"),
+    ("update_s", "update (s)", "{:.1f}"),
+    ("loss/num_tokens", "tokens per update", "{:.0f}"),
+    ("update_s_per_1k_tokens", "update s per 1k tokens", "{:.2f}"),
+    ("cpu_update/job", "trainer process cores (update)", "{:.2f}"),
+    ("cpu_update/engines", "engine cores (update)", "{:.2f}"),
     ("tv_distance", "TV to target (end)", "{:.3f}"),
 )
+"""Figures of ``run_summary``. The update's time over the tokens it forwarded
+(``update_s_per_1k_tokens``) separates a learner that ran slower (on shared CPUs: beside
+the engines' rollouts) from one that had longer sequences to train; the cores the trainer's
+process and the engines used during the updates (``cpu_update/...``, ``rl.trainer.update_cores``)
+say where the machine went meanwhile."""
 
 
 def iteration_lines(history: Sequence[Mapping]) -> list[Mapping]:
@@ -76,14 +87,19 @@ def rollout_progress_line(p: Mapping) -> str:
 # (total samples / total time), so a 1-second iteration that completed nothing (its step
 # trained groups an earlier iteration collected) does not halve the run's samples/min.
 TIME_WEIGHTED = frozenset({"requests_per_min", "samples_per_min", "prefill_tok_s", "decode_tok_s"})
+# Cores used during the update: weighed by the update's length (CPU seconds over seconds).
+UPDATE_WEIGHTED = frozenset({"cpu_update/job", "cpu_update/engines"})
 
 
 def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
     """Each figure over the run's iterations: the rates (``TIME_WEIGHTED``) as their
     time-weighted mean (sum of rate x ``iteration_s`` over the sum of ``iteration_s``:
-    what the whole run delivered per unit of time), the other figures as plain means, TV
-    distance and mixture as the last iteration's; under ``counts`` how many iterations
-    each covers (those that have the figure).
+    what the whole run delivered per unit of time), the cores used during the updates
+    (``UPDATE_WEIGHTED``) weighed by ``update_s`` alike, the other figures as plain means, TV
+    distance and mixture as the last iteration's, ``update_s_per_1k_tokens`` as the sum of
+    ``update_s`` over the sum of ``loss/num_tokens`` (thousands; the iterations whose update
+    forwarded tokens); under ``counts`` how many iterations each covers (those that have
+    the figure).
 
     Returns an empty dict for a history without iterations.
     """
@@ -93,6 +109,8 @@ def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
     out: dict = {}
     counts: dict[str, int] = {}
     for key, _, _ in SUMMARY_FIGURES:
+        if key == "update_s_per_1k_tokens":
+            continue
         have = [h for h in its if h.get(key) is not None]
         if not have:
             out[key] = None
@@ -100,9 +118,16 @@ def run_summary(history: Sequence[Mapping]) -> dict[str, float | None]:
             out[key] = have[-1][key]
         elif key in TIME_WEIGHTED and (span := sum(h["iteration_s"] for h in have)) > 0:
             out[key] = sum(h[key] * h["iteration_s"] for h in have) / span
+        elif key in UPDATE_WEIGHTED and (span := sum(h.get("update_s") or 0 for h in have)) > 0:
+            out[key] = sum(h[key] * (h.get("update_s") or 0) for h in have) / span
         else:
             out[key] = mean(h[key] for h in have)
         counts[key] = len(have)
+    # the updates that trained something: seconds over thousands of tokens forwarded, summed
+    trained = [h for h in its if h.get("update_s") is not None and (h.get("loss/num_tokens") or 0) > 0]
+    out["update_s_per_1k_tokens"] = (1000 * sum(h["update_s"] for h in trained)
+                                     / sum(h["loss/num_tokens"] for h in trained)) if trained else None
+    counts["update_s_per_1k_tokens"] = len(trained)
     out["consumed_mixture"] = its[-1].get("consumed_mixture")
     out["iterations"] = len(its)
     out["counts"] = counts

@@ -94,11 +94,34 @@ def test_seeds_summary_gives_each_change_as_mean_and_spread_over_the_seeds():
     assert s["changes"]["kv-horizon"]["samples_per_min"]["per_seed"] == [pytest.approx(-10.0), pytest.approx(20.0)]
     assert "decode_tok_s" not in s["changes"]["kv-horizon"]  # missing in the runs: left out, not 0
     assert s["routers"]["vllm"] == {"tv_pp": pytest.approx(2.5), "prefix_hit": pytest.approx(0.7),
-                                    "iteration_s": pytest.approx(150.0), "first_iteration_s": pytest.approx(200.0)}
+                                    "iteration_s": pytest.approx(150.0), "first_iteration_s": pytest.approx(200.0),
+                                    "generation_wait_s": None, "update_s": None, "loss/num_tokens": None,
+                                    "update_s_per_1k_tokens": None, "cpu_update/job": None,
+                                    "cpu_update/engines": None}
     assert s["routers"]["kv-horizon"]["first_iteration_s"] is None  # a seed without it: no mean
     md = seeds_markdown(s, "t")
     assert "| kv-horizon | +2.5% ± 10.6 (+10.0, -5.0) |" in md and "| vllm | 150.0 | 200.0 | 2.50 | 70.0% |" in md
     assert "| kv-horizon | 150.0 | n/a | 1.00 | 75.0% |" in md
+
+
+def test_the_summary_says_where_each_routers_iteration_time_went():
+    def run(wait: float, update: float, tokens: float, engines: float | None = 0.5) -> dict:
+        return {**_run(wait + update, 10.0, 0.01), "generation_wait_s": wait, "update_s": update,
+                "loss/num_tokens": tokens, "update_s_per_1k_tokens": 1000 * update / tokens,
+                "cpu_update/job": 1.25, "cpu_update/engines": engines}
+
+    per_seed = {0: {"vllm": run(10.0, 60.0, 6000.0), "kv-horizon": run(20.0, 90.0, 6000.0, 0.75)},
+                1: {"vllm": run(30.0, 80.0, 10000.0, None), "kv-horizon": run(0.0, 90.0, 12000.0)}}
+    s = seeds_summary(per_seed, {0: {"vllm": 1.0, "kv-horizon": 1.0}, 1: {"vllm": 1.0, "kv-horizon": 1.0}})
+    kv = s["routers"]["kv-horizon"]
+    assert kv["generation_wait_s"] == 10.0 and kv["update_s"] == 90.0 and kv["loss/num_tokens"] == 9000.0
+    assert kv["update_s_per_1k_tokens"] == pytest.approx((15.0 + 7.5) / 2)
+    md = seeds_markdown(s, "t")
+    assert ("| Router | generation wait (s) | update (s) | tokens per update | update s per 1k tokens | "
+            "trainer cores in update | engine cores in update |" in md)
+    # a seed without the engines' cores (a run before they were recorded): no mean
+    assert "| vllm | 20.0 | 70.0 | 8000 | 9.00 | 1.25 | n/a |" in md
+    assert "| kv-horizon | 10.0 | 90.0 | 9000 | 11.25 | 1.25 | 0.62 |" in md
 
 
 def test_one_router_and_a_bad_seed_list_are_refused_before_any_run(tmp_path):

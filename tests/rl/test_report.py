@@ -41,6 +41,31 @@ def test_run_rates_weigh_iterations_by_their_length():
     assert s["iteration_s"] == 30.0  # plain mean
 
 
+def test_update_seconds_per_1k_tokens_is_the_ratio_of_sums_over_updates_that_trained():
+    # 30 s for 2,000 tokens and 10 s for 6,000: 40 s / 8k = 5 s per 1k (not the mean of 15 and 1.67);
+    # the skipped update (no tokens) and a line written before the learner counted tokens are left out
+    its = [{"iteration": 1, "iteration_s": 40.0, "update_s": 30.0, "loss/num_tokens": 2000.0},
+           {"iteration": 2, "iteration_s": 15.0, "update_s": 10.0, "loss/num_tokens": 6000.0},
+           {"iteration": 3, "iteration_s": 1.0, "update_s": 0.5, "skipped_update": True},
+           {"iteration": 4, "iteration_s": 9.0, "update_s": 8.0, "loss/num_tokens": 0.0}]
+    s = run_summary(its)
+    assert s["update_s_per_1k_tokens"] == 5.0 and s["counts"]["update_s_per_1k_tokens"] == 2
+    assert s["update_s"] == 12.125 and s["loss/num_tokens"] == 8000.0 / 3
+    rows = dict(zip(summary_table(its).columns[0].cells, summary_table(its).columns[1].cells))
+    assert rows["update s per 1k tokens"] == "5.00" and rows["tokens per update"] == "2667"
+    assert run_summary([{"iteration": 1, "iteration_s": 3.0, "update_s": 2.0}])["update_s_per_1k_tokens"] is None
+
+
+def test_cores_used_during_the_updates_are_weighed_by_the_updates_length():
+    # 1.5 cores for 30 s and 0.5 for 10 s: 50 CPU seconds over 40 s
+    its = [{"iteration": 1, "iteration_s": 40.0, "update_s": 30.0, "cpu_update/engines": 1.5},
+           {"iteration": 2, "iteration_s": 15.0, "update_s": 10.0, "cpu_update/engines": 0.5},
+           {"iteration": 3, "iteration_s": 1.0, "update_s": 0.5}]  # skipped update: no reading
+    s = run_summary(its)
+    assert s["cpu_update/engines"] == 1.25 and s["counts"]["cpu_update/engines"] == 2
+    assert s["cpu_update/job"] is None
+
+
 def test_plots_include_the_learning_curve_from_step_0(tmp_path):
     paths = plot_run(_history(), RHO, tmp_path)
     assert sorted(p.name for p in paths) == ["iteration_time.png", "learning.png", "mixture.png"]
