@@ -135,8 +135,8 @@ def seed_list(value) -> list[int]:
 
 
 TIME_FIGURES = (("generation_wait_s", "generation wait (s)"), ("update_s", "update (s)"),
-              ("loss/num_tokens", "tokens per update"), ("update_s_per_1k_tokens", "update s per 1k tokens"),
-              ("cpu_update/job", "trainer cores in update"), ("cpu_update/engines", "engine cores in update"))
+                ("loss/num_tokens", "tokens per update"), ("update_s_per_1k_tokens", "update s per 1k tokens"),
+                ("cpu_update/job", "trainer cores in update"), ("cpu_update/engines", "engine cores in update"))
 """Where an iteration's time goes, per router (means of ``run_summary``'s figures over the
 seeds): the wait for rollouts, the learner's update, the update over the tokens it
 forwarded (which tells a learner slowed beside the rollouts, on shared CPUs, from one that
