@@ -34,7 +34,7 @@ from rich.table import Table
 from common.config import (REPO_ROOT, ConfigError, RunFailedError, compose, group_options, hydra_entry, is_seed,
                            nearest_options)
 from common.console import output_console
-from rl.report import run_summary
+from rl.report import SUMMARY_FIGURES, run_summary
 
 PER_RUN_KEYS = {"recipe": "give it to rl.compare itself (recipe=...)",
                 "router": "list the routers in routers=[...]",
@@ -134,14 +134,13 @@ def seed_list(value) -> list[int]:
     return [int(v) for v in values]
 
 
-TIME_FIGURES = (("generation_wait_s", "generation wait (s)"), ("update_s", "update (s)"),
-                ("loss/num_tokens", "tokens per update"), ("update_s_per_1k_tokens", "update s per 1k tokens"),
-                ("cpu_update/job", "trainer cores in update"), ("cpu_update/engines", "engine cores in update"))
+TIME_FIGURES = ("generation_wait_s", "update_s", "loss/num_tokens", "update_s_per_1k_tokens", "cpu_update/job",
+                "cpu_update/engines")
 """Where an iteration's time goes, per router (means of ``run_summary``'s figures over the
-seeds): the wait for rollouts, the learner's update, the update over the tokens it
-forwarded (which tells a learner slowed beside the rollouts, on shared CPUs, from one that
-trained longer sequences), and the cores the trainer's process and the engines used
-during the updates."""
+seeds, labelled and formatted as in ``rl.report.SUMMARY_FIGURES``): the wait for rollouts,
+the learner's update, the update over the tokens it forwarded (which tells a learner slowed
+beside the rollouts, on shared CPUs, from one that trained longer sequences), and the cores
+the trainer's process and the engines used during the updates."""
 
 
 def first_iteration_s(history: list[dict]) -> float | None:
@@ -198,7 +197,7 @@ def seeds_summary(per_seed: dict[int, dict[str, dict]], first_iterations: dict[i
                           "prefix_hit": mean_of(label, "prefix_hit_rate"),
                           "iteration_s": mean_of(label, "iteration_s"),
                           "first_iteration_s": None if None in firsts else statistics.mean(firsts),
-                          **{key: mean_of(label, key) for key, _ in TIME_FIGURES}}
+                          **{key: mean_of(label, key) for key in TIME_FIGURES}}
     return {"seeds": seeds, "baseline": base, "changes": changes, "routers": routers}
 
 
@@ -225,12 +224,12 @@ def seeds_markdown(summary: dict, title: str) -> str:
     for label, r in summary["routers"].items():
         out.append(f"| {label} | {fmt(r['iteration_s'], '.1f')} | {fmt(r['first_iteration_s'], '.1f')} | "
                    f"{fmt(r['tv_pp'], '.2f')} | {fmt(r['prefix_hit'], '.1%')} |")
+    shown = {key: (label, spec) for key, label, spec in SUMMARY_FIGURES}
     out += ["", "Where an iteration's time goes (means over the seeds):", "",
-            "| Router | " + " | ".join(label for _, label in TIME_FIGURES) + " |", "|---|" + "---|" * len(TIME_FIGURES)]
-    specs = {"loss/num_tokens": ".0f", "update_s_per_1k_tokens": ".2f", "cpu_update/job": ".2f",
-             "cpu_update/engines": ".2f"}
+            "| Router | " + " | ".join(shown[key][0] for key in TIME_FIGURES) + " |",
+            "|---|" + "---|" * len(TIME_FIGURES)]
     for label, r in summary["routers"].items():
-        cells = [fmt(r.get(key), specs.get(key, ".1f")) for key, _ in TIME_FIGURES]
+        cells = ["n/a" if r.get(key) is None else shown[key][1].format(r[key]) for key in TIME_FIGURES]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

@@ -25,8 +25,8 @@ SUMMARY_FIGURES = (
     ("update_s", "update (s)", "{:.1f}"),
     ("loss/num_tokens", "tokens per update", "{:.0f}"),
     ("update_s_per_1k_tokens", "update s per 1k tokens", "{:.2f}"),
-    ("cpu_update/job", "trainer process cores (update)", "{:.2f}"),
-    ("cpu_update/engines", "engine cores (update)", "{:.2f}"),
+    ("cpu_update/job", "trainer cores in update", "{:.2f}"),
+    ("cpu_update/engines", "engine cores in update", "{:.2f}"),
     ("tv_distance", "TV to target (end)", "{:.3f}"),
 )
 """Figures of ``run_summary``. The update's time over the tokens it forwarded
